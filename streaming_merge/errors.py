@@ -1,0 +1,79 @@
+"""One exception hierarchy for everything streaming_merge raises.
+
+Callers catch ``StreamingMergeError`` for "anything from this library" and the
+leaf classes when they can react (retry a conflict, fix the source data).
+Exceptions from delta-rs and Spark are wrapped (``raise ... from exc``) so the
+original cause stays visible in the traceback.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "ConcurrentModificationError",
+    "DeltaTableError",
+    "MaterializedSourceLostError",
+    "MergeAnalysisError",
+    "MergeAssignmentOverflowError",
+    "MergeError",
+    "MultipleSourceRowMatchingTargetRowError",
+    "NotADeltaTableError",
+    "StreamingMergeError",
+    "UnsupportedTableFeatureError",
+]
+
+
+class StreamingMergeError(Exception):
+    """Raised for any failure this library detects; the base of every error here."""
+
+
+class DeltaTableError(StreamingMergeError):
+    """Raised when reading or committing the Delta log fails for a reason not covered below."""
+
+
+class NotADeltaTableError(DeltaTableError):
+    """Raised when a path holds no Delta table (no ``_delta_log``) but one was required."""
+
+
+class UnsupportedTableFeatureError(DeltaTableError):
+    """Raised when a table uses a feature we cannot keep correct (deletion vectors, column
+    mapping, change data feed, a newer protocol); refused before anything is written."""
+
+
+class ConcurrentModificationError(DeltaTableError):
+    """Raised when another writer committed, between our snapshot and our commit, a change
+    that conflicts with what this operation read or wrote. Nothing of ours became visible;
+    rerunning the operation is safe."""
+
+
+class MergeError(StreamingMergeError):
+    """Raised when a MERGE cannot be planned or executed."""
+
+
+class MergeAnalysisError(MergeError):
+    """Raised when a MERGE is invalid before it runs: an unresolvable column or condition,
+    misplaced unconditional clauses, a type that cannot be stored in the target column, a
+    source lacking a column that ``*`` needs. The table is untouched."""
+
+
+class MergeAssignmentOverflowError(MergeError):
+    """Raised when a value assigned to a target column does not fit its type (for example
+    300 into a TINYINT). Values never wrap silently; the table is untouched."""
+
+
+class MultipleSourceRowMatchingTargetRowError(MergeError):
+    """Raised when two or more source rows match one target row and the MERGE would update
+    or delete it ambiguously. ``offending_rows`` holds up to ten (join-key values, match
+    count) pairs so the duplicates can be found in the source."""
+
+    def __init__(self, message: str, offending_rows: list[tuple[dict[str, object], int]]):
+        super().__init__(message)
+        self.offending_rows = offending_rows
+
+
+class MaterializedSourceLostError(MergeError):
+    """Raised when the materialized MERGE source lost its blocks on every attempt (executors
+    died or blocks were evicted) and ``max_attempts`` is exhausted."""
+
+    def __init__(self, message: str, attempts: int):
+        super().__init__(message)
+        self.attempts = attempts

@@ -1,0 +1,36 @@
+"""A SparkSession with sane local defaults for jobs, demos, tests and benchmarks.
+
+The library works with any SparkSession; this is only a convenience so that a laptop
+run is quiet and fast (few shuffle partitions, no UI unless asked).
+"""
+
+from __future__ import annotations
+
+from pyspark.sql import SparkSession
+
+
+def local_session(
+    app_name: str = "streaming_merge",
+    master: str = "local[2]",
+    *,
+    ui: bool = False,
+    shuffle_partitions: int = 4,
+    extra_conf: dict[str, str] | None = None,
+) -> SparkSession:
+    """Get or create a local SparkSession configured for small-to-medium data."""
+    builder = (
+        SparkSession.builder.appName(app_name)
+        .master(master)
+        .config("spark.ui.enabled", "true" if ui else "false")
+        .config("spark.sql.shuffle.partitions", str(shuffle_partitions))
+        .config("spark.default.parallelism", str(shuffle_partitions))
+        .config("spark.sql.parquet.outputTimestampType", "TIMESTAMP_MICROS")
+        .config("spark.sql.session.timeZone", "UTC")
+        .config("spark.driver.memory", "2g")
+        .config("spark.sql.adaptive.enabled", "true")
+    )
+    for key, value in (extra_conf or {}).items():
+        builder = builder.config(key, value)
+    spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel("ERROR")
+    return spark

@@ -1,0 +1,168 @@
+"""Commit removes + adds (+ an app transaction) atomically through delta-rs.
+
+The commit is made against the snapshot the operation read (version V), so delta-rs'
+conflict checker sees every commit after V. delta-rs only knows the files we remove,
+not the ones we merely read, so before committing we also check, as Delta's
+OptimisticTransaction does, that no concurrent commit removed a file we read
+(ConcurrentDeleteRead) or added one our read predicate could have matched
+(ConcurrentAppend).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+import uuid
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from deltalake.exceptions import CommitFailedError, DeltaError
+from deltalake.schema import Schema as RsSchema
+from deltalake.transaction import AddAction, CommitProperties, RemoveAction, Transaction
+from pyspark.sql.types import StructType
+
+from streaming_merge.errors import ConcurrentModificationError, DeltaTableError
+from streaming_merge.table.schema import spark_to_delta_json
+from streaming_merge.table.snapshot import DataFile, Snapshot, load_snapshot, open_table
+from streaming_merge.table.write import WrittenFile, partition_value_string
+
+log = logging.getLogger(__name__)
+
+# Our operation name lives beside delta-rs' own commitInfo keys (it reserves "operation").
+OPERATION_KEY = "userOperation"
+COMMIT_ID_KEY = "streamingMergeCommitId"
+
+
+@dataclass(frozen=True)
+class CommitRequest:
+    """Everything one commit writes; ``read_files`` is what the operation read."""
+
+    snapshot: Snapshot
+    adds: Sequence[WrittenFile]
+    removes: Sequence[DataFile]
+    operation: str
+    operation_parameters: Mapping[str, Any] = field(default_factory=dict)
+    operation_metrics: Mapping[str, Any] = field(default_factory=dict)
+    app_id: str | None = None
+    app_version: int | None = None
+    read_files: Sequence[DataFile] = ()
+    new_schema: StructType | None = None
+    # Given the files added concurrently, the ones our read predicate could have matched.
+    concurrent_append_filter: Callable[[Snapshot, list[DataFile]], list[DataFile]] | None = None
+
+
+def commit(request: CommitRequest) -> int:
+    """Commit and return the new table version; raise ``ConcurrentModificationError`` on a
+    conflict (nothing of ours is then visible)."""
+    snapshot = request.snapshot
+    _check_concurrent_commits(request)
+    table = open_table(snapshot.table_path, snapshot.version)
+    now = int(time.time() * 1000)
+    actions: list[AddAction | RemoveAction] = [
+        RemoveAction(f.path, True, now, f.size, {k: partition_value_string(v) for k, v in f.partition_values.items()})
+        for f in request.removes
+    ]
+    actions += [
+        AddAction(w.path, w.size, w.partition_values, w.modification_time, True, w.stats) for w in request.adds
+    ]
+    transactions = (
+        [Transaction(request.app_id, request.app_version)] if request.app_id is not None else None
+    )
+    commit_id = uuid.uuid4().hex
+    custom = {
+        OPERATION_KEY: request.operation,
+        COMMIT_ID_KEY: commit_id,
+        "operationParameters": {k: _text(v) for k, v in request.operation_parameters.items()},
+        "operationMetrics": {k: _text(v) for k, v in request.operation_metrics.items()},
+    }
+    schema = request.new_schema or snapshot.schema
+    try:
+        table.create_write_transaction(
+            actions,
+            mode="append",
+            schema=RsSchema.from_json(spark_to_delta_json(schema)),
+            partition_by=snapshot.partition_columns or None,
+            commit_properties=CommitProperties(
+                custom_metadata=custom, app_transactions=transactions
+            ),
+        )
+    except CommitFailedError as exc:
+        raise ConcurrentModificationError(
+            f"A concurrent commit to `{snapshot.table_path}` conflicts with this {request.operation} "
+            f"(read version {snapshot.version}): {exc}. Nothing was committed; rerun the operation."
+        ) from exc
+    except DeltaError as exc:
+        raise DeltaTableError(f"Committing {request.operation} to `{snapshot.table_path}` failed: {exc}") from exc
+    return _committed_version(snapshot, commit_id)
+
+
+def _committed_version(snapshot: Snapshot, commit_id: str) -> int:
+    """The version our commit landed at (delta-rs may have rebased it past concurrent commits)."""
+    latest = open_table(snapshot.table_path)
+    for entry in latest.history(limit=latest.version() - snapshot.version):
+        if entry.get(COMMIT_ID_KEY) == commit_id:
+            return int(entry["version"])
+    raise DeltaTableError(f"Commit {commit_id} to `{snapshot.table_path}` succeeded but is not in its history.")
+
+
+def _check_concurrent_commits(request: CommitRequest) -> None:
+    snapshot = request.snapshot
+    latest = load_snapshot(snapshot.table_path)
+    if latest.version == snapshot.version:
+        return
+    if request.app_id is not None:
+        applied = latest.transaction_version(request.app_id)
+        if applied is not None and request.app_version is not None and applied >= request.app_version:
+            raise ConcurrentModificationError(
+                f"A concurrent commit already recorded transaction {request.app_id!r} version {applied} "
+                f"(>= {request.app_version}) in `{snapshot.table_path}`; this one would apply it twice."
+            )
+    if latest.schema != snapshot.schema or latest.partition_columns != snapshot.partition_columns:
+        raise ConcurrentModificationError(
+            f"The metadata of `{snapshot.table_path}` changed after version {snapshot.version} "
+            f"(now {latest.version}); rerun the {request.operation}."
+        )
+    live = {f.path for f in latest.files}
+    gone = [f.path for f in request.read_files if f.path not in live]
+    if gone:
+        raise ConcurrentModificationError(
+            f"A concurrent commit (versions {snapshot.version + 1}..{latest.version}) removed files this "
+            f"{request.operation} read from `{snapshot.table_path}`: {gone[:5]}. Nothing was committed; "
+            "rerun the operation."
+        )
+    before = {f.path for f in snapshot.files}
+    appended = [f for f in latest.files if f.path not in before]
+    if appended and request.concurrent_append_filter is not None:
+        relevant = request.concurrent_append_filter(latest, appended)
+        if relevant:
+            raise ConcurrentModificationError(
+                f"A concurrent commit (versions {snapshot.version + 1}..{latest.version}) added files to "
+                f"`{snapshot.table_path}` that this {request.operation} could have matched: "
+                f"{[f.path for f in relevant[:5]]}. Nothing was committed; rerun the operation."
+            )
+
+
+def _text(value: Any) -> str:
+    """Delta stores commitInfo parameters and metrics as strings."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (list, dict)):
+        return json.dumps(value)
+    return str(value)
+
+
+def history(table_path: str, limit: int | None = None) -> list[dict[str, Any]]:
+    """Commit history, newest first, with our operation name in place of delta-rs' WRITE."""
+    entries = open_table(table_path).history(limit=limit)
+    result = []
+    for entry in entries:
+        entry = dict(entry)
+        if OPERATION_KEY in entry:
+            entry["operation"] = entry.pop(OPERATION_KEY)
+        entry.pop(COMMIT_ID_KEY, None)
+        result.append(entry)
+    return result

@@ -1,0 +1,96 @@
+"""Spark DataFrames over a chosen set of a snapshot's files.
+
+Partition values come from the log (a broadcast join on the file path), never from
+directory names, because Delta does not require Hive-style directories. Spark's
+hidden ``_metadata`` column gives the file path and the row's index inside its file,
+which together are a stable row id (Delta uses the file name the same way).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from pyspark.sql import Column, DataFrame, SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql.types import StringType, StructField, StructType
+
+from streaming_merge.table.schema import data_columns
+from streaming_merge.table.snapshot import DataFile, Snapshot
+
+FILE_PATH_COL = "_sm_file_path_"
+ROW_INDEX_COL = "_sm_row_index_"
+
+
+def qualified_root(spark: SparkSession, table_path: str) -> str:
+    """The table root as Hadoop qualifies it (``file:/...``), so file paths we build match
+    the ones Spark reports."""
+    jvm = spark._jvm
+    path = jvm.org.apache.hadoop.fs.Path(table_path)
+    fs = path.getFileSystem(spark._jsc.hadoopConfiguration())
+    return fs.makeQualified(path).toString()
+
+
+def spark_file_paths(spark: SparkSession, table_path: str, files: Sequence[DataFile]) -> list[str]:
+    """Each file's path exactly as Spark's ``_metadata.file_path`` reports it (URL-encoded)."""
+    root = qualified_root(spark, table_path)
+    spark_path = spark._jvm.org.apache.spark.paths.SparkPath
+    return [spark_path.fromPathString(f"{root}/{f.path}").urlEncoded() for f in files]
+
+
+def scan_files(
+    spark: SparkSession,
+    snapshot: Snapshot,
+    files: Sequence[DataFile],
+    *,
+    with_row_id: bool = False,
+    schema: StructType | None = None,
+) -> DataFrame:
+    """DataFrame of the given files with the table's columns in table order.
+
+    ``schema`` may be wider than the snapshot's (schema evolution): missing columns read
+    as NULL. With ``with_row_id`` two extra columns identify each row: the file path
+    (as Spark reports it) and the row's index inside that file.
+    """
+    table_schema = schema or snapshot.schema
+    partition_columns = snapshot.partition_columns
+    if not files:
+        return _empty(spark, table_schema, with_row_id)
+
+    file_schema = data_columns(table_schema, partition_columns)
+    paths = [snapshot.absolute_path(f.path) for f in files]
+    data = spark.read.schema(file_schema).parquet(*paths)
+    data = data.select(
+        *[F.col(f"`{f.name}`") for f in file_schema.fields],
+        F.col("_metadata.file_path").alias(FILE_PATH_COL),
+        F.col("_metadata.row_index").alias(ROW_INDEX_COL),
+    )
+    if partition_columns:
+        data = data.join(
+            F.broadcast(_partition_values_frame(spark, snapshot, files, table_schema)), FILE_PATH_COL, "inner"
+        )
+    ordered: list[Column] = [F.col(f"`{f.name}`") for f in table_schema.fields]
+    if with_row_id:
+        ordered += [F.col(FILE_PATH_COL), F.col(ROW_INDEX_COL)]
+    return data.select(*ordered)
+
+
+def _partition_values_frame(
+    spark: SparkSession, snapshot: Snapshot, files: Sequence[DataFile], table_schema: StructType
+) -> DataFrame:
+    partition_fields = [table_schema[c] for c in snapshot.partition_columns]
+    schema = StructType([StructField(FILE_PATH_COL, StringType(), False), *partition_fields])
+    paths = spark_file_paths(spark, snapshot.table_path, files)
+    rows = [
+        (path, *[f.partition_values.get(field.name) for field in partition_fields])
+        for path, f in zip(paths, files, strict=True)
+    ]
+    return spark.createDataFrame(rows, schema)
+
+
+def _empty(spark: SparkSession, schema: StructType, with_row_id: bool) -> DataFrame:
+    fields = list(schema.fields)
+    frame = spark.createDataFrame([], StructType(fields))
+    if with_row_id:
+        frame = frame.select("*", F.lit(None).cast("string").alias(FILE_PATH_COL),
+                             F.lit(None).cast("long").alias(ROW_INDEX_COL))
+    return frame

@@ -1,0 +1,171 @@
+"""A Delta table at one version: files, per-file stats, partition values, schema.
+
+Everything comes from delta-rs; a snapshot is immutable so every phase of a MERGE
+reads the same version, as Delta's OptimisticTransaction does.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import unquote
+
+import pyarrow as pa
+from deltalake import DeltaTable as _RsTable
+from deltalake.exceptions import TableNotFoundError
+from pyspark.sql.types import StructType
+
+from streaming_merge.errors import DeltaTableError, NotADeltaTableError, UnsupportedTableFeatureError
+from streaming_merge.table.schema import delta_json_to_spark
+
+# Protocol features whose presence we can honour: they change nothing we write.
+_SUPPORTED_READER_FEATURES = frozenset({"timestampNtz"})
+_SUPPORTED_WRITER_FEATURES = frozenset({"appendOnly", "timestampNtz", "invariants"})
+_MAX_READER_VERSION = 3
+_MAX_WRITER_VERSION = 7
+
+
+@dataclass(frozen=True)
+class DataFile:
+    """One live file of the table (an ``add`` action)."""
+
+    path: str  # relative to the table root, decoded (as on disk)
+    size: int
+    num_records: int | None
+    partition_values: dict[str, Any]  # typed values (None for NULL)
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """The table at ``version``; ``stats`` is delta-rs' flattened add-action table."""
+
+    table_path: str
+    version: int
+    schema: StructType
+    partition_columns: list[str]
+    files: list[DataFile]
+    stats: pa.Table
+    configuration: dict[str, str | None]
+    _table: _RsTable
+
+    @property
+    def num_bytes(self) -> int:
+        return sum(f.size for f in self.files)
+
+    def transaction_version(self, app_id: str) -> int | None:
+        """Latest ``txn`` version recorded for ``app_id`` at this snapshot."""
+        return self._table.transaction_version(app_id)
+
+    def absolute_path(self, relative: str) -> str:
+        return os.path.join(self.table_path, relative)
+
+
+def table_exists(path: str) -> bool:
+    return os.path.isdir(os.path.join(path, "_delta_log")) and any(
+        name.endswith(".json") or name.endswith(".parquet")
+        for name in os.listdir(os.path.join(path, "_delta_log"))
+    )
+
+
+def open_table(path: str, version: int | None = None) -> _RsTable:
+    """delta-rs handle on ``path``; raises ``NotADeltaTableError`` with the path when absent."""
+    try:
+        return _RsTable(path, version=version)
+    except TableNotFoundError as exc:
+        raise NotADeltaTableError(f"`{path}` is not a Delta table: no transaction log was found there.") from exc
+    except Exception as exc:  # delta-rs raises bare DeltaError for many log problems
+        raise DeltaTableError(f"Cannot read the Delta log of `{path}` (version {version}): {exc}") from exc
+
+
+def load_snapshot(path: str, version: int | None = None) -> Snapshot:
+    """Snapshot of the table at ``version`` (latest when None)."""
+    path = os.path.abspath(path)
+    table = open_table(path, version)
+    metadata = table.metadata()
+    schema = delta_json_to_spark(table.schema().to_json())
+    partition_columns = list(metadata.partition_columns)
+    stats = pa.table(table.get_add_actions(flatten=True))
+    files = _data_files(stats, partition_columns)
+    return Snapshot(
+        table_path=path,
+        version=table.version(),
+        schema=schema,
+        partition_columns=partition_columns,
+        files=files,
+        stats=stats,
+        configuration=dict(metadata.configuration),
+        _table=table,
+    )
+
+
+def _data_files(stats: pa.Table, partition_columns: list[str]) -> list[DataFile]:
+    columns = ["path", "size_bytes", "num_records"] + [f"partition.{c}" for c in partition_columns]
+    rows = stats.select([c for c in columns if c in stats.column_names]).to_pylist()
+    return [
+        DataFile(
+            path=unquote(row["path"]),  # the log holds URL-encoded paths
+            size=row["size_bytes"],
+            num_records=row.get("num_records"),
+            partition_values={c: row.get(f"partition.{c}") for c in partition_columns},
+        )
+        for row in rows
+    ]
+
+
+def check_writable(snapshot: Snapshot) -> None:
+    """Refuse, before anything is written, a table whose features we cannot keep correct."""
+    protocol = snapshot._table.protocol()
+    path = snapshot.table_path
+    if protocol.min_reader_version > _MAX_READER_VERSION or protocol.min_writer_version > _MAX_WRITER_VERSION:
+        raise UnsupportedTableFeatureError(
+            f"Table `{path}` requires reader version {protocol.min_reader_version} / writer version "
+            f"{protocol.min_writer_version}; streaming_merge supports up to {_MAX_READER_VERSION}/"
+            f"{_MAX_WRITER_VERSION}."
+        )
+    unsupported = sorted(
+        set(protocol.reader_features or ()) - _SUPPORTED_READER_FEATURES
+        | set(protocol.writer_features or ()) - _SUPPORTED_WRITER_FEATURES
+    )
+    if unsupported:
+        raise UnsupportedTableFeatureError(
+            f"Table `{path}` uses table features {unsupported}, which streaming_merge cannot keep "
+            "correct (it would ignore deletion vectors, column mapping, change data feed, constraints...). "
+            "Refusing to write."
+        )
+    config = snapshot.configuration
+    checks = {
+        "delta.enableDeletionVectors": "deletion vectors",
+        "delta.enableChangeDataFeed": "change data feed",
+    }
+    for key, feature in checks.items():
+        if (config.get(key) or "false").lower() == "true":
+            raise UnsupportedTableFeatureError(
+                f"Table `{path}` has {feature} enabled ({key}=true); streaming_merge does not support "
+                f"{feature} yet and refuses to write. Disable it with ALTER TABLE ... SET TBLPROPERTIES."
+            )
+    if (config.get("delta.columnMapping.mode") or "none").lower() != "none":
+        raise UnsupportedTableFeatureError(
+            f"Table `{path}` uses column mapping (delta.columnMapping.mode="
+            f"{config.get('delta.columnMapping.mode')}); streaming_merge writes physical names "
+            "equal to logical names and refuses to write."
+        )
+    constraints = sorted(k for k in config if k.startswith("delta.constraints."))
+    if constraints:
+        raise UnsupportedTableFeatureError(
+            f"Table `{path}` has CHECK constraints {constraints}, which streaming_merge does not enforce; "
+            "refusing to write."
+        )
+    for field in snapshot.schema.fields:
+        special = {"delta.generationExpression", "delta.identity.start", "delta.invariants"} & set(field.metadata)
+        if special:
+            raise UnsupportedTableFeatureError(
+                f"Column `{field.name}` of table `{path}` carries {sorted(special)}, which streaming_merge "
+                "does not enforce; refusing to write."
+            )
+
+
+def describe_files(files: list[DataFile]) -> str:
+    """Short human form of a file list for log lines."""
+    return json.dumps([f.path for f in files[:5]]) + (f" and {len(files) - 5} more" if len(files) > 5 else "")

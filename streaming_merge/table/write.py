@@ -1,0 +1,258 @@
+"""Write a Spark DataFrame as Parquet files of a Delta table, with per-file stats.
+
+Spark writes into a private staging folder inside the table (so concurrent writers
+never share an output committer's temporary folder); the finished files are then
+moved to their final place and their footers are read with pyarrow to build the
+``add`` actions' statistics. Nothing is visible to readers until the commit.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import json
+import logging
+import os
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow.fs as pafs
+import pyarrow.parquet as pq
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql.types import (
+    BooleanType,
+    ByteType,
+    DataType,
+    DateType,
+    IntegerType,
+    LongType,
+    ShortType,
+    StringType,
+    StructType,
+    TimestampNTZType,
+    TimestampType,
+)
+
+log = logging.getLogger(__name__)
+
+HIVE_NULL = "__HIVE_DEFAULT_PARTITION__"
+STRING_STATS_PREFIX = 32  # as Delta: longer strings get no min/max rather than truncated ones
+_STATS_TYPES = (BooleanType, ByteType, ShortType, IntegerType, LongType, DateType, StringType,
+                TimestampType, TimestampNTZType)
+
+
+@dataclass(frozen=True)
+class WrittenFile:
+    """A finished data file, ready to be committed as an ``add`` action."""
+
+    path: str  # relative to the table root
+    size: int
+    partition_values: dict[str, str | None]  # Delta's string form
+    num_records: int
+    stats: str  # Delta stats JSON
+    modification_time: int
+
+
+@contextlib.contextmanager
+def _parquet_write_conf(spark: SparkSession) -> Iterator[None]:
+    """Micro-precision timestamps (INT96 has no usable stats and is deprecated in Delta)."""
+    wanted = {
+        "spark.sql.parquet.outputTimestampType": "TIMESTAMP_MICROS",
+        "spark.sql.parquet.compression.codec": "snappy",
+    }
+    previous = {key: spark.conf.get(key, None) for key in wanted}
+    for key, value in wanted.items():
+        spark.conf.set(key, value)
+    try:
+        yield
+    finally:
+        for key, value in previous.items():
+            if value is None:
+                spark.conf.unset(key)
+            else:
+                spark.conf.set(key, value)
+
+
+def write_files(
+    spark: SparkSession,
+    df: DataFrame,
+    table_path: str,
+    schema: StructType,
+    partition_columns: list[str],
+) -> list[WrittenFile]:
+    """Write ``df`` (already in ``schema``'s column order) into the table folder.
+
+    Returns the written files with their stats; empty files are deleted, not returned.
+    On failure every file of this write is removed again.
+    """
+    staging_name = f".sm-staging-{uuid.uuid4().hex}"
+    staging = os.path.join(table_path, staging_name)
+    hadoop_conf = spark._jsc.hadoopConfiguration()
+    hadoop_conf.set("mapreduce.fileoutputcommitter.marksuccessfuljobs", "false")
+    filesystem, root = pafs.FileSystem.from_uri(os.path.abspath(table_path))
+    moved: list[str] = []
+    try:
+        with _parquet_write_conf(spark):
+            writer = df.write.mode("errorifexists")
+            if partition_columns:
+                writer = writer.partitionBy(*partition_columns)
+            writer.parquet(staging)
+        written = []
+        for info in filesystem.get_file_info(pafs.FileSelector(os.path.join(root, staging_name), recursive=True)):
+            if info.type != pafs.FileType.File or not info.base_name.endswith(".parquet"):
+                continue
+            relative_dir = os.path.relpath(os.path.dirname(info.path), os.path.join(root, staging_name))
+            relative_dir = "" if relative_dir == "." else relative_dir
+            final_rel = os.path.join(relative_dir, info.base_name)
+            final_abs = os.path.join(root, final_rel)
+            filesystem.create_dir(os.path.dirname(final_abs), recursive=True)
+            filesystem.move(info.path, final_abs)
+            moved.append(final_abs)
+            metadata = pq.read_metadata(final_abs, filesystem=filesystem)
+            if metadata.num_rows == 0:
+                filesystem.delete_file(final_abs)
+                moved.remove(final_abs)
+                continue
+            written.append(
+                WrittenFile(
+                    path=final_rel,
+                    size=filesystem.get_file_info(final_abs).size,
+                    partition_values=_partition_values(spark, relative_dir, partition_columns),
+                    num_records=metadata.num_rows,
+                    stats=footer_stats(metadata, schema, partition_columns),
+                    modification_time=int(time.time() * 1000),
+                )
+            )
+        return written
+    except BaseException:
+        for path in moved:
+            with contextlib.suppress(OSError):
+                filesystem.delete_file(path)
+        raise
+    finally:
+        with contextlib.suppress(OSError):
+            filesystem.delete_dir(os.path.join(root, staging_name))
+
+
+def delete_written(table_path: str, files: list[WrittenFile]) -> None:
+    """Remove files of a write whose commit failed, so nothing uncommitted lingers."""
+    filesystem, root = pafs.FileSystem.from_uri(os.path.abspath(table_path))
+    for written in files:
+        with contextlib.suppress(OSError):
+            filesystem.delete_file(os.path.join(root, written.path))
+
+
+def _partition_values(spark: SparkSession, relative_dir: str, partition_columns: list[str]) -> dict[str, str | None]:
+    """Partition values of a Hive-style directory, unescaped with Spark's own rules."""
+    if not partition_columns:
+        return {}
+    unescape = spark._jvm.org.apache.spark.sql.catalyst.catalog.ExternalCatalogUtils.unescapePathName
+    values: dict[str, str | None] = {}
+    for segment in relative_dir.split(os.sep):
+        name, _, raw = segment.partition("=")
+        key = unescape(name)
+        values[key] = None if raw == HIVE_NULL else unescape(raw)
+    missing = [c for c in partition_columns if c not in values]
+    if missing:
+        raise RuntimeError(f"Spark wrote `{relative_dir}` without partition columns {missing}")
+    return {c: values[c] for c in partition_columns}
+
+
+def footer_stats(metadata: pq.FileMetaData, schema: StructType, partition_columns: list[str]) -> str:
+    """Delta stats JSON (numRecords, minValues, maxValues, nullCount) from a Parquet footer.
+
+    Min/max are recorded only for types whose Parquet order equals Spark's order and whose
+    JSON form is exact (no floats: NaN; no decimals: float rounding; no binary).
+    """
+    leaves: dict[str, dict[str, Any]] = {}
+    parquet_schema = metadata.schema
+    for column_index in range(metadata.num_columns):
+        path = parquet_schema.column(column_index).path
+        acc = leaves.setdefault(path, {"min": None, "max": None, "nulls": 0, "complete": True})
+        for rg in range(metadata.num_row_groups):
+            stats = metadata.row_group(rg).column(column_index).statistics
+            if stats is None or not stats.has_null_count:
+                acc["complete"] = False
+                continue
+            acc["nulls"] += stats.null_count
+            if stats.has_min_max:
+                acc["min"] = stats.min if acc["min"] is None else min(acc["min"], stats.min)
+                acc["max"] = stats.max if acc["max"] is None else max(acc["max"], stats.max)
+            elif stats.null_count != metadata.row_group(rg).num_rows:
+                acc["complete"] = False
+    min_values: dict[str, Any] = {}
+    max_values: dict[str, Any] = {}
+    null_count: dict[str, Any] = {}
+    for field in schema.fields:
+        if field.name in partition_columns:
+            continue
+        _collect(field.name, field.dataType, field.name, leaves, min_values, max_values, null_count)
+    return json.dumps(
+        {"numRecords": metadata.num_rows, "minValues": min_values, "maxValues": max_values, "nullCount": null_count},
+        separators=(",", ":"),
+    )
+
+
+def _collect(
+    name: str,
+    data_type: DataType,
+    path: str,
+    leaves: dict[str, dict[str, Any]],
+    min_values: dict[str, Any],
+    max_values: dict[str, Any],
+    null_count: dict[str, Any],
+) -> None:
+    if isinstance(data_type, StructType):
+        mins: dict[str, Any] = {}
+        maxs: dict[str, Any] = {}
+        nulls: dict[str, Any] = {}
+        for child in data_type.fields:
+            _collect(child.name, child.dataType, f"{path}.{child.name}", leaves, mins, maxs, nulls)
+        if mins:
+            min_values[name] = mins
+        if maxs:
+            max_values[name] = maxs
+        if nulls:
+            null_count[name] = nulls
+        return
+    leaf = leaves.get(path)
+    if leaf is None or not leaf["complete"]:
+        return
+    null_count[name] = leaf["nulls"]
+    if not isinstance(data_type, _STATS_TYPES) or leaf["min"] is None:
+        return
+    low, high = _json_value(leaf["min"], data_type), _json_value(leaf["max"], data_type)
+    if isinstance(data_type, StringType) and (len(low) > STRING_STATS_PREFIX or len(high) > STRING_STATS_PREFIX):
+        return
+    min_values[name] = low
+    max_values[name] = high
+
+
+def _json_value(value: Any, data_type: DataType) -> Any:
+    if isinstance(data_type, TimestampType):
+        if value.tzinfo is None:
+            value = value.replace(tzinfo=dt.UTC)
+        return value.astimezone(dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    if isinstance(data_type, TimestampNTZType):
+        return value.strftime("%Y-%m-%dT%H:%M:%S.%f")
+    if isinstance(data_type, DateType):
+        return value.isoformat()
+    if isinstance(data_type, StringType) and isinstance(value, bytes):
+        return value.decode("utf-8")
+    return value
+
+
+def partition_value_string(value: Any) -> str | None:
+    """Delta's string form of a typed partition value (as read back from delta-rs)."""
+    if value is None:
+        return None
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, dt.datetime):
+        return value.strftime("%Y-%m-%d %H:%M:%S.%f")
+    if isinstance(value, dt.date):
+        return value.isoformat()
+    return str(value)
