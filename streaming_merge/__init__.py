@@ -1,0 +1,12 @@
+"""streaming_merge: Delta Lake MERGE on PySpark, and a streaming upsert sink built on it.
+
+Public API only; everything else is internal and may change.
+"""
+
+from streaming_merge import errors
+from streaming_merge.delta_table import DeltaTable
+from streaming_merge.merge.builder import DeltaMergeBuilder
+from streaming_merge.merge.command import MergeOptions
+from streaming_merge.merge.metrics import MergeMetrics
+
+__all__ = ["DeltaMergeBuilder", "DeltaTable", "MergeMetrics", "MergeOptions", "errors"]

@@ -98,6 +98,36 @@ def commit(request: CommitRequest) -> int:
     return _committed_version(snapshot, commit_id)
 
 
+def add_columns(snapshot: Snapshot, evolved: StructType) -> Snapshot:
+    """Append the new top-level columns of ``evolved`` to the table schema.
+
+    delta-rs cannot change the schema inside a data commit, so schema evolution is a
+    commit of its own right before the data commit; if another writer commits in
+    between, the merge fails with ConcurrentModificationError and the table keeps the
+    (all-NULL) new columns, which no reader can tell from an empty evolution.
+    """
+    known = {f.name for f in snapshot.schema.fields}
+    new_fields = StructType([f for f in evolved.fields if f.name not in known])
+    table = open_table(snapshot.table_path, snapshot.version)
+    try:
+        table.alter.add_columns(
+            list(RsSchema.from_json(spark_to_delta_json(new_fields)).fields),
+            commit_properties=CommitProperties(custom_metadata={OPERATION_KEY: "ADD COLUMNS (MERGE schema evolution)"}),
+        )
+    except CommitFailedError as exc:
+        raise ConcurrentModificationError(
+            f"Adding columns {new_fields.fieldNames()} to `{snapshot.table_path}` conflicted with a concurrent "
+            f"commit: {exc}"
+        ) from exc
+    evolved_snapshot = load_snapshot(snapshot.table_path)
+    if evolved_snapshot.version != snapshot.version + 1:
+        raise ConcurrentModificationError(
+            f"A concurrent commit to `{snapshot.table_path}` landed while this MERGE evolved its schema "
+            f"(expected version {snapshot.version + 1}, found {evolved_snapshot.version}); rerun the MERGE."
+        )
+    return evolved_snapshot
+
+
 def _committed_version(snapshot: Snapshot, commit_id: str) -> int:
     """The version our commit landed at (delta-rs may have rebased it past concurrent commits)."""
     latest = open_table(snapshot.table_path)

@@ -1,0 +1,149 @@
+"""writeAllChanges and the insert-only path: produce the new files of a MERGE.
+
+Each joined row gets an *action code*: the number of the first clause that applies,
+COPY (keep the target row as it is) or DROP (nothing to write). Output columns are
+CASE expressions over that code, and the per-clause counts are collected with
+``DataFrame.observe`` in the same job that writes the files, so metrics cost no
+extra scan (Delta increments SQL metrics inside the same plan for the same reason).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from pyspark.sql import Column, DataFrame, Observation, SparkSession
+from pyspark.sql import functions as F
+
+from streaming_merge.merge.resolve import SOURCE_PRESENT, TARGET_PRESENT, ResolvedClause, ResolvedMerge, qualified
+from streaming_merge.table.scan import scan_files
+from streaming_merge.table.snapshot import DataFile, Snapshot
+from streaming_merge.table.write import WrittenFile, write_files
+
+COPY = -1
+DROP = -2
+ACTION_COL = "__sm_action__"
+
+
+@dataclass(frozen=True)
+class RewriteResult:
+    files: list[WrittenFile]
+    counts: dict[str, int]
+
+
+def _first_applicable(clauses: Sequence[ResolvedClause], default: int) -> Column:
+    """Code of the first clause whose condition holds (NULL counts as false)."""
+    result: Column | None = None
+    for clause in clauses:
+        condition = clause.condition if clause.condition is not None else F.lit(True)
+        result = F.when(condition, F.lit(clause.code)) if result is None else result.when(
+            condition, F.lit(clause.code))
+    return F.lit(default) if result is None else result.otherwise(F.lit(default))
+
+
+def _count(codes: Sequence[int], name: str) -> Column:
+    if not codes:
+        return F.lit(0).alias(name)
+    return F.sum(F.when(F.col(ACTION_COL).isin(list(codes)), 1).otherwise(0)).alias(name)
+
+
+def _outputs(resolved: ResolvedMerge, clauses: Sequence[ResolvedClause], copy_from_target: bool) -> list[Column]:
+    writers = [c for c in clauses if c.outputs is not None]
+    columns = []
+    for field in resolved.output_schema.fields:
+        fallback = qualified(resolved.target_alias, field.name) if copy_from_target else F.lit(None)
+        value: Column | None = None
+        for clause in writers:
+            assert clause.outputs is not None
+            branch = clause.outputs[field.name]
+            value = F.when(F.col(ACTION_COL) == clause.code, branch) if value is None else value.when(
+                F.col(ACTION_COL) == clause.code, branch)
+        value = fallback if value is None else value.otherwise(fallback)
+        columns.append(value.cast(field.dataType).alias(field.name))
+    return columns
+
+
+def _codes(clauses: Sequence[ResolvedClause], delete: bool) -> list[int]:
+    return [c.code for c in clauses if c.clause.is_delete == delete]
+
+
+def _write(spark: SparkSession, snapshot: Snapshot, frame: DataFrame, resolved: ResolvedMerge,
+           repartition: bool) -> list[WrittenFile]:
+    partition_columns = snapshot.partition_columns
+    if partition_columns and repartition:
+        frame = frame.repartition(*[F.col(f"`{c}`") for c in partition_columns])
+    return write_files(spark, frame, snapshot.table_path, resolved.output_schema, partition_columns)
+
+
+def write_all_changes(
+    spark: SparkSession,
+    snapshot: Snapshot,
+    files_to_rewrite: Sequence[DataFile],
+    source: DataFrame,
+    resolved: ResolvedMerge,
+    *,
+    optimize_matched_only: bool,
+    repartition: bool,
+) -> RewriteResult:
+    """Rewrite the touched files with every clause applied, plus the inserted rows."""
+    src_obs, out_obs = Observation(), Observation()
+    src = (source.alias(resolved.source_alias).withColumn(SOURCE_PRESENT, F.lit(True))
+           .observe(src_obs, F.count(F.lit(1)).alias("rows")))
+    tgt = (scan_files(spark, snapshot, files_to_rewrite, schema=resolved.output_schema)
+           .alias(resolved.target_alias).withColumn(TARGET_PRESENT, F.lit(True)))
+    matched_only = optimize_matched_only and resolved.clauses.is_matched_only
+    joined = src.join(tgt, resolved.condition, "right_outer" if matched_only else "full_outer")
+
+    source_present = F.col(SOURCE_PRESENT).isNotNull()
+    target_present = F.col(TARGET_PRESENT).isNotNull()
+    action = (
+        F.when(source_present & target_present, _first_applicable(resolved.matched, COPY))
+        .when(source_present, _first_applicable(resolved.not_matched, DROP))
+        .when(target_present, _first_applicable(resolved.not_matched_by_source, COPY))
+        .otherwise(F.lit(DROP))
+    )
+    with_action = joined.withColumn(ACTION_COL, action).observe(
+        out_obs,
+        _count([COPY], "numTargetRowsCopied"),
+        _count(_codes(resolved.matched, delete=False), "numTargetRowsMatchedUpdated"),
+        _count(_codes(resolved.matched, delete=True), "numTargetRowsMatchedDeleted"),
+        _count(_codes(resolved.not_matched, delete=False), "numTargetRowsInserted"),
+        _count(_codes(resolved.not_matched_by_source, delete=False), "numTargetRowsNotMatchedBySourceUpdated"),
+        _count(_codes(resolved.not_matched_by_source, delete=True), "numTargetRowsNotMatchedBySourceDeleted"),
+    )
+    dropped = [DROP, *_codes(resolved.all, delete=True)]
+    output = with_action.filter(~F.col(ACTION_COL).isin(dropped)).select(*_outputs(resolved, resolved.all, True))
+    written = _write(spark, snapshot, output, resolved, repartition)
+    counts = {k: int(v or 0) for k, v in out_obs.get.items()}
+    counts["numSourceRowsInSecondScan"] = int(src_obs.get.get("rows", 0) or 0)
+    return RewriteResult(written, counts)
+
+
+def write_inserts_only(
+    spark: SparkSession,
+    snapshot: Snapshot,
+    candidates: Sequence[DataFile],
+    source: DataFrame,
+    resolved: ResolvedMerge,
+    *,
+    repartition: bool,
+    source_count_metric: str,
+) -> RewriteResult:
+    """Insert the source rows that match no target row (left anti join); remove nothing."""
+    src_obs, out_obs = Observation(), Observation()
+    src = (source.alias(resolved.source_alias).withColumn(SOURCE_PRESENT, F.lit(True))
+           .observe(src_obs, F.count(F.lit(1)).alias("rows")))
+    if candidates:
+        tgt = scan_files(spark, snapshot, candidates, schema=resolved.output_schema).alias(resolved.target_alias)
+        unmatched = src.join(tgt, resolved.condition, "left_anti")
+    else:
+        unmatched = src
+    with_action = unmatched.withColumn(ACTION_COL, _first_applicable(resolved.not_matched, DROP)).observe(
+        out_obs, _count(_codes(resolved.not_matched, delete=False), "numTargetRowsInserted")
+    )
+    output = with_action.filter(F.col(ACTION_COL) != DROP).select(
+        *_outputs(resolved, resolved.not_matched, copy_from_target=False))
+    written = _write(spark, snapshot, output, resolved, repartition)
+    counts = {k: int(v or 0) for k, v in out_obs.get.items()}
+    counts[source_count_metric] = int(src_obs.get.get("rows", 0) or 0)
+    return RewriteResult(written, counts)

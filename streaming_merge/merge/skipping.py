@@ -1,0 +1,365 @@
+"""Data skipping: which target files can possibly hold a row this MERGE touches.
+
+Three sources of pruning, all conservative (a file is kept unless it provably cannot
+match):
+1. target-only conjuncts of the ON condition (plus, for a matched-only merge, the OR of
+   the WHEN MATCHED conditions when all of them are target-only), evaluated against each
+   file's partition values and min/max/null-count stats, as Delta's filterFiles does;
+2. the source's key range: for each ``target.k = source.k`` conjunct, a file whose
+   [min, max] of k lies outside the source's [min, max] cannot match (beyond Delta);
+3. nothing at all with WHEN NOT MATCHED BY SOURCE clauses, which touch unmatched rows.
+
+The predicates are Spark Columns over a small DataFrame of per-file stats, so literal
+typing and comparison semantics are Spark's, not ours. Expression trees are read from
+Spark's parser through the JVM (``SparkSession.expression``), never by parsing SQL ourselves.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow as pa
+from pyspark.sql import Column, DataFrame, SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql.types import AtomicType, BinaryType, StringType, StructType
+
+from streaming_merge.table.snapshot import DataFile, Snapshot
+
+log = logging.getLogger(__name__)
+
+STRING_STATS_PREFIX = 32
+StatsColumns = Callable[[str], tuple[Column, Column, Column]]  # column → (min, max, nulls)
+
+
+def _children(node: Any) -> list[Any]:
+    seq = node.children()
+    return [seq.apply(i) for i in range(seq.size())]
+
+
+_FUNCTION_KINDS = {
+    "and": "And", "or": "Or", "=": "EqualTo", "==": "EqualTo", "<": "LessThan", "<=": "LessThanOrEqual",
+    ">": "GreaterThan", ">=": "GreaterThanOrEqual", "in": "In", "isnull": "IsNull", "isnotnull": "IsNotNull",
+    "not": "Not", "<=>": "EqualNullSafe",
+}
+
+
+def _kind(node: Any) -> str:
+    """Catalyst class name; Column-API calls arrive as UnresolvedFunction("=", ...) and are
+    mapped to the class the SQL parser would have produced."""
+    kind = str(node.getClass().getSimpleName())
+    if kind == "UnresolvedFunction":
+        parts = node.nameParts()
+        name = str(parts.apply(parts.size() - 1)).lower()
+        return _FUNCTION_KINDS.get(name, kind)
+    return kind
+
+
+def catalyst(column: Column) -> Any:
+    """The unresolved Catalyst expression behind a Column (Spark 4 classic)."""
+    spark = SparkSession.getActiveSession()
+    assert spark is not None, "an active SparkSession is required"
+    return spark._jsparkSession.expression(column._jc)
+
+
+def _literal_sql(node: Any) -> str | None:
+    """SQL text of a constant (a literal, or a cast of one), else None."""
+    kind = _kind(node)
+    if kind == "Literal" or (kind == "Cast" and all(_literal_sql(c) is not None for c in _children(node))):
+        try:
+            return str(node.sql())
+        except Exception:
+            return None
+    return None
+
+
+def _name_parts(node: Any) -> list[str]:
+    parts = node.nameParts()
+    return [str(parts.apply(i)) for i in range(parts.size())]
+
+
+def split_conjuncts(node: Any) -> list[Any]:
+    if _kind(node) == "And":
+        left, right = _children(node)
+        return split_conjuncts(left) + split_conjuncts(right)
+    return [node]
+
+
+@dataclass(frozen=True)
+class ColumnScope:
+    """Which names belong to the target and which to the source (case-insensitive)."""
+
+    target_alias: str
+    source_alias: str
+    target_columns: Sequence[str]
+    source_columns: Sequence[str]
+
+    def target_column(self, node: Any) -> str | None:
+        """Target column an UnresolvedAttribute refers to, else None."""
+        if _kind(node) != "UnresolvedAttribute":
+            return None
+        parts = _name_parts(node)
+        by_lower_t = {c.lower(): c for c in self.target_columns}
+        if len(parts) == 2 and parts[0].lower() == self.target_alias.lower():
+            return by_lower_t.get(parts[1].lower())
+        if len(parts) == 1 and parts[0].lower() not in {c.lower() for c in self.source_columns}:
+            return by_lower_t.get(parts[0].lower())
+        return None
+
+    def source_column(self, node: Any) -> str | None:
+        if _kind(node) != "UnresolvedAttribute":
+            return None
+        parts = _name_parts(node)
+        by_lower_s = {c.lower(): c for c in self.source_columns}
+        if len(parts) == 2 and parts[0].lower() == self.source_alias.lower():
+            return by_lower_s.get(parts[1].lower())
+        if len(parts) == 1 and parts[0].lower() not in {c.lower() for c in self.target_columns}:
+            return by_lower_s.get(parts[0].lower())
+        return None
+
+    def is_target_only(self, node: Any) -> bool:
+        """True when every attribute under ``node`` is a target column (and there is one)."""
+        attributes = _attributes(node)
+        return bool(attributes) and all(self.target_column(a) is not None for a in attributes)
+
+
+def _attributes(node: Any) -> list[Any]:
+    if _kind(node) == "UnresolvedAttribute":
+        return [node]
+    if _kind(node).startswith("Unresolved") and _kind(node) not in ("UnresolvedFunction", "UnresolvedAlias"):
+        return [node]  # a star or something we cannot see into: treat as non-target
+    found: list[Any] = []
+    for child in _children(node):
+        found += _attributes(child)
+    return found
+
+
+def key_pairs(condition: Column, scope: ColumnScope) -> list[tuple[str, str]]:
+    """``(target column, source column)`` for every ``t.a = s.b`` conjunct of the ON condition."""
+    pairs = []
+    for conjunct in split_conjuncts(catalyst(condition)):
+        if _kind(conjunct) != "EqualTo":
+            continue
+        left, right = _children(conjunct)
+        for t_node, s_node in ((left, right), (right, left)):
+            t_col, s_col = scope.target_column(t_node), scope.source_column(s_node)
+            if t_col and s_col:
+                pairs.append((t_col, s_col))
+                break
+    return pairs
+
+
+def target_only_conjuncts(conditions: Sequence[Column], scope: ColumnScope) -> list[Any]:
+    nodes = []
+    for condition in conditions:
+        nodes += [c for c in split_conjuncts(catalyst(condition)) if scope.is_target_only(c)]
+    return nodes
+
+
+class StatsPredicate:
+    """Turns a target-only expression into "this file may hold a matching row"."""
+
+    _FLIP = {"LessThan": "GreaterThan", "LessThanOrEqual": "GreaterThanOrEqual",
+             "GreaterThan": "LessThan", "GreaterThanOrEqual": "LessThanOrEqual", "EqualTo": "EqualTo"}
+
+    def __init__(self, scope: ColumnScope, stats: StatsColumns) -> None:
+        self._scope = scope
+        self._stats = stats
+
+    def may_match(self, node: Any) -> Column | None:
+        """A Column over the stats frame, or None when the node tells us nothing."""
+        kind = _kind(node)
+        if kind == "And":
+            parts = [p for p in (self.may_match(c) for c in _children(node)) if p is not None]
+            return parts[0] & parts[1] if len(parts) == 2 else (parts[0] if parts else None)
+        if kind == "Or":
+            parts = [self.may_match(c) for c in _children(node)]
+            return None if any(p is None for p in parts) else parts[0] | parts[1]
+        if kind in self._FLIP:
+            left, right = _children(node)
+            column, literal, op = self._scope.target_column(left), right, kind
+            if column is None:
+                column, literal, op = self._scope.target_column(right), left, self._FLIP[kind]
+            literal_sql = _literal_sql(literal)
+            if column is None or literal_sql is None:
+                return None
+            return self._compare(column, op, F.expr(literal_sql))
+        if kind == "In":
+            children = _children(node)
+            column = self._scope.target_column(children[0])
+            literals = [_literal_sql(c) for c in children[1:]]
+            if column is None or any(sql is None for sql in literals):
+                return None
+            options = [self._compare(column, "EqualTo", F.expr(sql)) for sql in literals if sql is not None]
+            result = options[0] if options else F.lit(False)
+            for option in options[1:]:
+                result = result | option
+            return result
+        if kind in ("IsNull", "IsNotNull"):
+            column = self._scope.target_column(_children(node)[0])
+            if column is None:
+                return None
+            low, _, nulls = self._stats(column)
+            if kind == "IsNull":
+                return nulls.isNull() | (nulls > 0)
+            return nulls.isNull() | low.isNotNull() | F.col("num_records").isNull() | (nulls < F.col("num_records"))
+        return None
+
+    def _compare(self, column: str, op: str, value: Column) -> Column:
+        low, high, _ = self._stats(column)
+        if op == "EqualTo":
+            return (low.isNull() | (low <= value)) & (high.isNull() | (high >= value))
+        if op == "LessThan":
+            return low.isNull() | (low < value)
+        if op == "LessThanOrEqual":
+            return low.isNull() | (low <= value)
+        if op == "GreaterThan":
+            return high.isNull() | (high > value)
+        return high.isNull() | (high >= value)
+
+
+class FileStats:
+    """Per-file stats of a snapshot as a Spark DataFrame with one row per file."""
+
+    def __init__(self, spark: SparkSession, snapshot: Snapshot, schema: StructType) -> None:
+        self._spark = spark
+        self._snapshot = snapshot
+        self._names = {f.name: i for i, f in enumerate(schema.fields)}
+        self._schema = schema
+        self._present: set[str] = set()
+
+    def stats_columns(self, column: str) -> tuple[Column, Column, Column]:
+        """(min, max, null count) columns of ``column``; NULL literals where no stats exist."""
+        index = self._names[column]
+        names = (f"min_{index}", f"max_{index}", f"nulls_{index}")
+        low, high, nulls = (F.col(n) if n in self._present else F.lit(None) for n in names)
+        return low, high, nulls
+
+    def frame(self, files: Sequence[DataFile]) -> DataFrame:
+        stats = self._snapshot.stats
+        wanted = {f.path for f in files}
+        rows = stats.filter(pa.array([p in wanted for p in _decoded_paths(stats)], pa.bool_()))
+        n = rows.num_rows
+        columns: dict[str, pa.Array] = {
+            "path": pa.array(_decoded_paths(rows)),
+            "num_records": rows.column("num_records") if "num_records" in rows.column_names
+            else pa.nulls(n, pa.int64()),
+        }
+        partition_columns = set(self._snapshot.partition_columns)
+        for field in self._schema.fields:
+            index = self._names[field.name]
+            if not isinstance(field.dataType, AtomicType) or isinstance(field.dataType, BinaryType):
+                continue
+            if field.name in partition_columns and f"partition.{field.name}" in rows.column_names:
+                value = rows.column(f"partition.{field.name}")
+                columns[f"min_{index}"] = value
+                columns[f"max_{index}"] = value
+                nulls = [None if r is None else (r if v is None else 0)
+                         for v, r in zip(value.to_pylist(), columns["num_records"].to_pylist(), strict=True)]
+                columns[f"nulls_{index}"] = pa.array(nulls, pa.int64())
+                continue
+            for prefix, name in (("min", "min"), ("max", "max"), ("null_count", "nulls")):
+                key = f"{prefix}.{field.name}"
+                if key in rows.column_names:
+                    columns[f"{name}_{index}"] = rows.column(key)
+        if not n:
+            return self._spark.createDataFrame([], "path string, num_records long")
+        frame = self._spark.createDataFrame(pa.table(columns))
+        for field in self._schema.fields:
+            index = self._names[field.name]
+            if f"max_{index}" in frame.columns and isinstance(field.dataType, StringType):
+                # A truncated max is not an upper bound; treat long strings as unknown.
+                high = F.col(f"max_{index}")
+                frame = frame.withColumn(f"max_{index}", F.when(F.length(high) < STRING_STATS_PREFIX, high))
+        self._present = set(frame.columns)
+        return frame
+
+
+def _decoded_paths(stats: pa.Table) -> list[str]:
+    from urllib.parse import unquote
+
+    return [unquote(p) for p in stats.column("path").to_pylist()]
+
+
+@dataclass(frozen=True)
+class SkippingPlan:
+    """The predicates that decide which files a MERGE reads; reusable on a later snapshot
+    to decide whether a concurrently added file could have matched."""
+
+    target_only: Sequence[Any]  # Catalyst expression nodes
+    key_ranges: Sequence[tuple[str, Any, Any, bool]]  # (target column, min, max, source has keys)
+    scope: ColumnScope
+    schema: StructType
+    skip_nothing: bool
+
+    def select(self, spark: SparkSession, snapshot: Snapshot, files: Sequence[DataFile]) -> list[DataFile]:
+        """The subset of ``files`` that may hold a row this MERGE matches."""
+        if self.skip_nothing or not files or (not self.target_only and not self.key_ranges):
+            return list(files)
+        stats = FileStats(spark, snapshot, self.schema)
+        frame = stats.frame(files)
+        predicate = self._predicate(stats)
+        if predicate is None:
+            return list(files)
+        try:
+            keep = {row[0] for row in frame.filter(predicate).select("path").collect()}
+        except Exception as exc:  # a stats comparison Spark cannot evaluate: never skip on doubt
+            log.warning("Data skipping disabled for this MERGE: %s", exc)
+            return list(files)
+        return [f for f in files if f.path in keep]
+
+    def _predicate(self, stats: FileStats) -> Column | None:
+        evaluator = StatsPredicate(self.scope, stats.stats_columns)
+        parts = [p for p in (evaluator.may_match(node) for node in self.target_only) if p is not None]
+        for column, low_value, high_value, has_keys in self.key_ranges:
+            if not has_keys:
+                parts.append(F.lit(False))  # only NULL keys in the source: nothing can match
+                continue
+            low, high, _ = stats.stats_columns(column)
+            parts.append((high.isNull() | (high >= F.lit(low_value))) & (low.isNull() | (low <= F.lit(high_value))))
+        if not parts:
+            return None
+        result = parts[0]
+        for part in parts[1:]:
+            result = result & part
+        return result
+
+
+def plan_skipping(
+    source: DataFrame,
+    source_alias: str,
+    target_alias: str,
+    target_schema: StructType,
+    condition: Column,
+    matched_conditions: Sequence[Column] | None,
+    has_not_matched_by_source: bool,
+    use_source_key_range: bool,
+) -> SkippingPlan:
+    """Work out the skipping predicates; computes the source's key range (one small job)."""
+    scope = ColumnScope(target_alias, source_alias, [f.name for f in target_schema.fields], source.columns)
+    if has_not_matched_by_source:
+        return SkippingPlan((), (), scope, target_schema, skip_nothing=True)
+    target_only = target_only_conjuncts([condition], scope)
+    if matched_conditions:
+        combined = matched_conditions[0]
+        for cond in matched_conditions[1:]:
+            combined = combined | cond
+        combined_node = catalyst(combined)
+        if scope.is_target_only(combined_node):
+            target_only.append(combined_node)
+    ranges: list[tuple[str, Any, Any, bool]] = []
+    if use_source_key_range:
+        types = {f.name: f.dataType for f in target_schema.fields}
+        pairs = [(t, s) for t, s in key_pairs(condition, scope)
+                 if isinstance(types[t], AtomicType) and not isinstance(types[t], BinaryType)]
+        if pairs:
+            aggregates = []
+            for i, (_, s) in enumerate(pairs):
+                column = F.col(f"`{source_alias}`.`{s}`")
+                aggregates += [F.min(column).alias(f"lo{i}"), F.max(column).alias(f"hi{i}")]
+            row = source.alias(source_alias).agg(*aggregates).collect()[0]
+            for i, (t, _) in enumerate(pairs):
+                ranges.append((t, row[f"lo{i}"], row[f"hi{i}"], row[f"lo{i}"] is not None))
+    return SkippingPlan(target_only, ranges, scope, target_schema, skip_nothing=False)

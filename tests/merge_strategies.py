@@ -1,0 +1,189 @@
+"""Hypothesis strategies for MERGE property tests: small tables, source batches and clause lists.
+
+Why a module of its own: the engine property test and the Spark check of the expression grammar
+(``tests/spark/test_merge_exprs_spark.py``) draw from the same generators, so the grammar the
+oracle is validated on is exactly the grammar the engine is tested with.
+
+Shape of the data (kept small so hundreds of examples run in minutes):
+- target: up to 12 rows ``(k INT, v INT, w STRING, p INT)``; keys repeat and may be NULL;
+  ``p`` has three values plus NULL (it is the partition column when the table is partitioned);
+- source: up to 8 rows of the same columns plus ``x`` (an extra column that ``*`` must ignore),
+  in a random column order (``*`` matches by name); keys are unique in about half the batches
+  so that not every example ends in a multiple-match error;
+- clauses: zero to three of each kind, interleaved at random, with conditions from a small
+  grammar (NOT/AND/OR over atoms chosen so that NULLs matter). Valid lists by default: every
+  clause but the last of its kind gets a condition.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from hypothesis import strategies as st
+from merge_exprs import (
+    BOTH,
+    COLUMNS,
+    ON_CONDITIONS,
+    PREDICATES,
+    SOURCE,
+    TARGET,
+    VALUES,
+    Expr,
+    and_,
+    in_scope,
+    not_,
+    or_,
+)
+from merge_model import KINDS, Action, Clause, Kind, merge_sql
+
+Row = dict[str, Any]
+Layout = Literal["single", "round_robin", "by_key"]
+
+KEYS: tuple[int | None, ...] = (0, 1, 2, 3, 4, 5, 6, None)
+INTS: tuple[int | None, ...] = (0, 1, 2, 3, 4, 5, 6, 7, 8, 9, -1, -2, -3, -4, None, None)
+STRINGS: tuple[str | None, ...] = ("a", "b", "c", "", None, None)
+PARTITIONS: tuple[int | None, ...] = (0, 1, 2, None)
+
+SCOPES: dict[Kind, frozenset[str]] = {"matched": BOTH, "not_matched": SOURCE, "not_matched_by_source": TARGET}
+ACTIONS: dict[Kind, tuple[Action, ...]] = {
+    "matched": ("update", "update_all", "delete"),
+    "not_matched": ("insert", "insert_all"),
+    "not_matched_by_source": ("update", "delete"),
+}
+
+
+@dataclass(frozen=True)
+class MergeStep:
+    """One MERGE: a source batch (with ``source_columns`` as its DataFrame columns), ON and clauses."""
+
+    source: tuple[Row, ...]
+    source_columns: tuple[str, ...]
+    on: Expr
+    clauses: tuple[Clause, ...]
+
+    def __repr__(self) -> str:
+        rows = "\n".join(f"    {r}" for r in self.source)
+        return f"{merge_sql(self.on, self.clauses)}\n  source columns {self.source_columns}:\n{rows}"
+
+
+@dataclass(frozen=True)
+class MergeCase:
+    """A target table (rows, partitioning, how its rows are spread over files) and 1-2 merges.
+
+    A second merge reads files the engine wrote in the first, so stats and partition values
+    written by the engine are exercised by its own data skipping, not only those from create.
+    """
+
+    target: tuple[Row, ...]
+    partitioned: bool
+    layout: Layout
+    files: int
+    steps: tuple[MergeStep, ...]
+
+    def __repr__(self) -> str:
+        rows = "\n".join(f"    {r}" for r in self.target)
+        steps = "\n".join(f"  step {i}:\n{step!r}" for i, step in enumerate(self.steps))
+        return (f"MergeCase(partitioned={self.partitioned}, layout={self.layout}, files={self.files})\n"
+                f"  target:\n{rows}\n{steps}")
+
+
+def table_rows(
+    max_size: int, *, with_x: bool = False, unique_keys: bool = False
+) -> st.SearchStrategy[list[Row]]:
+    """Rows of the target schema (plus the extra source column ``x`` when ``with_x``)."""
+    fields: dict[str, st.SearchStrategy[Any]] = {
+        "k": st.sampled_from(KEYS), "v": st.sampled_from(INTS), "w": st.sampled_from(STRINGS),
+        "p": st.sampled_from(PARTITIONS),
+    }
+    if with_x:
+        fields["x"] = st.sampled_from(INTS)
+    return st.lists(st.fixed_dictionaries(fields), max_size=max_size,
+                    unique_by=(lambda r: r["k"]) if unique_keys else None)
+
+
+def conditions(scope: frozenset[str]) -> st.SearchStrategy[Expr]:
+    """Boolean expressions over ``scope``: an atom, or NOT/AND/OR of up to three atoms."""
+    atoms = st.sampled_from(in_scope(PREDICATES, scope))
+    return st.recursive(
+        atoms,
+        lambda inner: st.one_of(
+            st.builds(not_, inner), st.builds(and_, inner, inner), st.builds(or_, inner, inner)
+        ),
+        max_leaves=3,
+    )
+
+
+@st.composite
+def assignments(draw: st.DrawFn, scope: frozenset[str]) -> tuple[tuple[str, Expr], ...]:
+    """A non-empty ``set``/``values`` map: some target columns, each with a value in scope."""
+    columns = draw(st.lists(st.sampled_from(COLUMNS), min_size=1, max_size=len(COLUMNS), unique=True))
+    return tuple((c, draw(st.sampled_from(in_scope(VALUES[c], scope)))) for c in columns)
+
+
+@st.composite
+def clauses(draw: st.DrawFn, kind: Kind, *, conditional: bool, action: Action | None = None) -> Clause:
+    """One clause of ``kind``; with a condition when ``conditional``."""
+    scope = SCOPES[kind]
+    action = action or draw(st.sampled_from(ACTIONS[kind]))
+    condition = draw(conditions(scope)) if conditional else None
+    values = draw(assignments(scope)) if action in ("update", "insert") else ()
+    return Clause(kind, action, condition, values)
+
+
+@st.composite
+def clauses_of_kind(draw: st.DrawFn, kind: Kind, *, allow_invalid: bool = False) -> list[Clause]:
+    """Zero to three clauses of ``kind``; only the last may lack a condition unless ``allow_invalid``."""
+    count = draw(st.integers(0, 3))
+    result = []
+    for i in range(count):
+        must_have_condition = i < count - 1 and not allow_invalid
+        result.append(draw(clauses(kind, conditional=must_have_condition or draw(st.booleans()))))
+    return result
+
+
+@st.composite
+def clause_lists(draw: st.DrawFn, *, allow_invalid: bool = False) -> tuple[Clause, ...]:
+    """A whole WHEN list, order within a kind kept, kinds interleaved at random.
+
+    A shape is drawn first so the two exempt cases of the multiple-match check (insert-only, and a
+    lone unconditional WHEN MATCHED DELETE) come up often, not by the odd coincidence.
+    """
+    shape = draw(st.sampled_from(["random"] * 6 + ["insert_only", "lone_delete"]))
+    per_kind = {kind: draw(clauses_of_kind(kind, allow_invalid=allow_invalid)) for kind in KINDS}
+    if shape == "insert_only":
+        per_kind["matched"], per_kind["not_matched_by_source"] = [], []
+    if shape == "lone_delete":
+        per_kind["matched"] = [Clause("matched", "delete")]
+    if not any(per_kind.values()):
+        kind = draw(st.sampled_from(KINDS))
+        per_kind[kind] = [draw(clauses(kind, conditional=draw(st.booleans())))]
+    labels = draw(st.permutations([kind for kind in KINDS for _ in per_kind[kind]]))
+    remaining = {kind: iter(per_kind[kind]) for kind in KINDS}
+    return tuple(next(remaining[kind]) for kind in labels)
+
+
+@st.composite
+def merge_steps(draw: st.DrawFn) -> MergeStep:
+    """A source batch, an ON condition and a clause list (rarely a possibly invalid one)."""
+    unique_keys = draw(st.booleans())
+    source = draw(table_rows(8, with_x=True, unique_keys=unique_keys))
+    columns = list(draw(st.permutations([*COLUMNS, "x"])))
+    if draw(st.booleans()):
+        columns.remove("x")
+    allow_invalid = draw(st.integers(0, 19)) == 0
+    return MergeStep(tuple(source), tuple(columns), draw(st.sampled_from(ON_CONDITIONS)),
+                     draw(clause_lists(allow_invalid=allow_invalid)))
+
+
+@st.composite
+def merge_cases(draw: st.DrawFn) -> MergeCase:
+    """A target table and one merge, or (one time in four) two merges in sequence."""
+    step_count = 2 if draw(st.integers(0, 3)) == 0 else 1
+    return MergeCase(
+        target=tuple(draw(table_rows(12))),
+        partitioned=draw(st.booleans()),
+        layout=draw(st.sampled_from(["single", "round_robin", "by_key"])),
+        files=draw(st.integers(1, 4)),
+        steps=tuple(draw(merge_steps()) for _ in range(step_count)),
+    )
