@@ -58,7 +58,7 @@ class Expr:
 def sql_mod(x: int, y: int) -> int:
     """Spark's integer ``%``: the remainder has the sign of the dividend (``-7 % 3 = -1``)."""
     remainder = abs(x) % abs(y)
-    return x % y
+    return remainder if x >= 0 else -remainder
 
 
 def sql_and(x: bool | None, y: bool | None) -> bool | None:

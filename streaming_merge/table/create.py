@@ -38,7 +38,10 @@ def create_table(
         create_table_with_add_actions(
             path,
             RsSchema.from_json(spark_to_delta_json(schema)),
-            [AddAction(w.path, w.size, w.partition_values, w.modification_time, True, w.stats) for w in written],
+            [
+                AddAction(w.path, w.size, w.partition_values, w.modification_time, True, w.stats)
+                for w in written
+            ],
             mode="error",
             partition_by=partition_columns or None,
             commit_properties=CommitProperties(custom_metadata={"userOperation": "CREATE TABLE AS SELECT"}),

@@ -55,7 +55,7 @@ def check_partition_columns(schema: StructType, partition_columns: list[str]) ->
     for name in partition_columns:
         if name not in by_name:
             raise DeltaTableError(
-                f"Partition column `{name}` is not in the schema; columns are {[f.name for f in schema.fields]}."
+                f"Partition column `{name}` is not in the schema; columns are {schema.fieldNames()}."
             )
         data_type = by_name[name].dataType
         if isinstance(data_type, _UNSUPPORTED_PARTITION_TYPES):
@@ -76,6 +76,10 @@ def evolve(target: StructType, source: StructType) -> StructType:
     """Target schema with the source's new top-level columns appended (Delta's MERGE schema
     evolution for ``*`` clauses); column names compare case-insensitively as in Spark."""
     known = {f.name.lower() for f in target.fields}
-    added = [StructField(f.name, _nullable(f.dataType), True, {}) for f in source.fields if f.name.lower() not in known]
+    added = [
+        StructField(f.name, _nullable(f.dataType), True, {})
+        for f in source.fields
+        if f.name.lower() not in known
+    ]
     return StructType(list(target.fields) + added)
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import unquote
@@ -15,7 +16,7 @@ from urllib.parse import unquote
 import pyarrow as pa
 from deltalake import DeltaTable as _RsTable
 from deltalake.exceptions import TableNotFoundError
-from pyspark.sql.types import StructType
+from pyspark.sql.types import ArrayType, DataType, MapType, StructType
 
 from streaming_merge.errors import DeltaTableError, NotADeltaTableError, UnsupportedTableFeatureError
 from streaming_merge.table.schema import delta_json_to_spark
@@ -74,8 +75,15 @@ def open_table(path: str, version: int | None = None) -> _RsTable:
     try:
         return _RsTable(path, version=version)
     except TableNotFoundError as exc:
-        raise NotADeltaTableError(f"`{path}` is not a Delta table: no transaction log was found there.") from exc
+        raise NotADeltaTableError(
+            f"`{path}` is not a Delta table: no transaction log was found there."
+        ) from exc
     except Exception as exc:  # delta-rs raises bare DeltaError for many log problems
+        if "Unsupported" in str(exc):  # delta-kernel refuses a newer protocol or an unknown feature
+            raise UnsupportedTableFeatureError(
+                f"Table `{path}` uses a protocol version or table feature that streaming_merge (through "
+                f"delta-rs) cannot read or write: {exc}. Refusing to touch it."
+            ) from exc
         raise DeltaTableError(f"Cannot read the Delta log of `{path}` (version {version}): {exc}") from exc
 
 
@@ -157,13 +165,33 @@ def check_writable(snapshot: Snapshot) -> None:
             f"Table `{path}` has CHECK constraints {constraints}, which streaming_merge does not enforce; "
             "refusing to write."
         )
-    for field in snapshot.schema.fields:
-        special = {"delta.generationExpression", "delta.identity.start", "delta.invariants"} & set(field.metadata)
+    for name, metadata in _field_metadata(snapshot.schema, ""):
+        special = _ENFORCED_FIELD_METADATA & set(metadata)
         if special:
             raise UnsupportedTableFeatureError(
-                f"Column `{field.name}` of table `{path}` carries {sorted(special)}, which streaming_merge "
+                f"Column `{name}` of table `{path}` carries {sorted(special)}, which streaming_merge "
                 "does not enforce; refusing to write."
             )
+
+
+_ENFORCED_FIELD_METADATA = frozenset(
+    {"delta.generationExpression", "delta.identity.start", "delta.invariants"}
+)
+
+
+def _field_metadata(data_type: DataType, prefix: str) -> Iterator[tuple[str, dict[str, Any]]]:
+    """(dotted name, metadata) of every field, nested ones included: Delta allows invariants on
+    fields inside structs, arrays and maps."""
+    if isinstance(data_type, StructType):
+        for field in data_type.fields:
+            name = f"{prefix}{field.name}"
+            yield name, field.metadata or {}
+            yield from _field_metadata(field.dataType, f"{name}.")
+    elif isinstance(data_type, ArrayType):
+        yield from _field_metadata(data_type.elementType, f"{prefix}element.")
+    elif isinstance(data_type, MapType):
+        yield from _field_metadata(data_type.keyType, f"{prefix}key.")
+        yield from _field_metadata(data_type.valueType, f"{prefix}value.")
 
 
 def describe_files(files: list[DataFile]) -> str:

@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
+import decimal
 import json
 import logging
 import os
+import re
 import time
 import uuid
 from collections.abc import Iterator
@@ -21,7 +23,8 @@ from typing import Any
 
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import Column, DataFrame, SparkSession
+from pyspark.sql import functions as F
 from pyspark.sql.types import (
     BooleanType,
     ByteType,
@@ -31,14 +34,18 @@ from pyspark.sql.types import (
     LongType,
     ShortType,
     StringType,
+    StructField,
     StructType,
     TimestampNTZType,
     TimestampType,
 )
 
+from streaming_merge.errors import DeltaTableError
+
 log = logging.getLogger(__name__)
 
 HIVE_NULL = "__HIVE_DEFAULT_PARTITION__"
+NOT_NULL_VIOLATION = "NOT NULL constraint violated for column:"  # Delta's text
 STRING_STATS_PREFIX = 32  # as Delta: longer strings get no min/max rather than truncated ones
 _STATS_TYPES = (BooleanType, ByteType, ShortType, IntegerType, LongType, DateType, StringType,
                 TimestampType, TimestampNTZType)
@@ -58,10 +65,13 @@ class WrittenFile:
 
 @contextlib.contextmanager
 def _parquet_write_conf(spark: SparkSession) -> Iterator[None]:
-    """Micro-precision timestamps (INT96 has no usable stats and is deprecated in Delta)."""
+    """Micro-precision timestamps (INT96 has no usable stats and is deprecated in Delta), and
+    proleptic Gregorian dates: a session in LEGACY rebase mode would otherwise write dates
+    before 1582 shifted into the Julian calendar, which every other Delta reader misreads."""
     wanted = {
         "spark.sql.parquet.outputTimestampType": "TIMESTAMP_MICROS",
         "spark.sql.parquet.compression.codec": "snappy",
+        "spark.sql.parquet.datetimeRebaseModeInWrite": "CORRECTED",
     }
     previous = {key: spark.conf.get(key, None) for key in wanted}
     for key, value in wanted.items():
@@ -96,12 +106,23 @@ def write_files(
     moved: list[str] = []
     try:
         with _parquet_write_conf(spark):
-            writer = df.write.mode("errorifexists")
+            writer = _enforce_not_null(df, schema).write.mode("errorifexists")
             if partition_columns:
                 writer = writer.partitionBy(*partition_columns)
-            writer.parquet(staging)
+            try:
+                writer.parquet(staging)
+            except Exception as exc:
+                if NOT_NULL_VIOLATION not in str(exc):
+                    raise
+                found = re.search(re.escape(NOT_NULL_VIOLATION) + r" (.+?)\.(?:\s|$)", str(exc))
+                column = found.group(1) if found else "?"
+                raise DeltaTableError(
+                    f"{NOT_NULL_VIOLATION} {column}. The table declares `{column}` NOT NULL and the data "
+                    "written has a NULL there; nothing was written."
+                ) from exc
         written = []
-        for info in filesystem.get_file_info(pafs.FileSelector(os.path.join(root, staging_name), recursive=True)):
+        selector = pafs.FileSelector(os.path.join(root, staging_name), recursive=True)
+        for info in filesystem.get_file_info(selector):
             if info.type != pafs.FileType.File or not info.base_name.endswith(".parquet"):
                 continue
             relative_dir = os.path.relpath(os.path.dirname(info.path), os.path.join(root, staging_name))
@@ -137,6 +158,44 @@ def write_files(
             filesystem.delete_dir(os.path.join(root, staging_name))
 
 
+def _enforce_not_null(df: DataFrame, schema: StructType) -> DataFrame:
+    """Fail the write on a NULL in a NOT NULL column, as Delta's DeltaInvariantCheckerExec does.
+
+    A non-nullable field nested in a struct is checked only where its parent struct is not
+    NULL (Delta's rule). The check is a projection (``raise_error`` inside a CASE), so it
+    runs in the write's own job and costs no extra scan.
+    """
+    guarded: dict[str, Column] = {}
+    for field in schema.fields:
+        if field.name not in df.columns:
+            continue
+        column = F.col(f"`{field.name}`")
+        checked: Column | None = None
+        for condition, path in _not_null_violations(column, field, field.name, None):
+            error = F.raise_error(F.lit(f"{NOT_NULL_VIOLATION} {path}."))
+            checked = F.when(condition, error) if checked is None else checked.when(condition, error)
+        if checked is not None:
+            guarded[field.name] = checked.otherwise(column).alias(field.name)
+    if not guarded:
+        return df
+    return df.select(*[guarded.get(name, F.col(f"`{name}`")) for name in df.columns])
+
+
+def _not_null_violations(
+    column: Column, field: StructField, path: str, parent_present: Column | None
+) -> list[tuple[Column, str]]:
+    violations: list[tuple[Column, str]] = []
+    if not field.nullable:
+        missing = column.isNull()
+        violations.append((missing if parent_present is None else parent_present & missing, path))
+    if isinstance(field.dataType, StructType):
+        present = column.isNotNull() if parent_present is None else parent_present & column.isNotNull()
+        for child in field.dataType.fields:
+            child_column = column.getField(child.name)
+            violations += _not_null_violations(child_column, child, f"{path}.{child.name}", present)
+    return violations
+
+
 def delete_written(table_path: str, files: list[WrittenFile]) -> None:
     """Remove files of a write whose commit failed, so nothing uncommitted lingers."""
     filesystem, root = pafs.FileSystem.from_uri(os.path.abspath(table_path))
@@ -145,7 +204,9 @@ def delete_written(table_path: str, files: list[WrittenFile]) -> None:
             filesystem.delete_file(os.path.join(root, written.path))
 
 
-def _partition_values(spark: SparkSession, relative_dir: str, partition_columns: list[str]) -> dict[str, str | None]:
+def _partition_values(
+    spark: SparkSession, relative_dir: str, partition_columns: list[str]
+) -> dict[str, str | None]:
     """Partition values of a Hive-style directory, unescaped with Spark's own rules."""
     if not partition_columns:
         return {}
@@ -191,7 +252,12 @@ def footer_stats(metadata: pq.FileMetaData, schema: StructType, partition_column
             continue
         _collect(field.name, field.dataType, field.name, leaves, min_values, max_values, null_count)
     return json.dumps(
-        {"numRecords": metadata.num_rows, "minValues": min_values, "maxValues": max_values, "nullCount": null_count},
+        {
+            "numRecords": metadata.num_rows,
+            "minValues": min_values,
+            "maxValues": max_values,
+            "nullCount": null_count,
+        },
         separators=(",", ":"),
     )
 
@@ -225,19 +291,31 @@ def _collect(
     if not isinstance(data_type, _STATS_TYPES) or leaf["min"] is None:
         return
     low, high = _json_value(leaf["min"], data_type), _json_value(leaf["max"], data_type)
-    if isinstance(data_type, StringType) and (len(low) > STRING_STATS_PREFIX or len(high) > STRING_STATS_PREFIX):
+    too_long = max(len(low), len(high)) > STRING_STATS_PREFIX if isinstance(data_type, StringType) else False
+    if too_long:
         return
     min_values[name] = low
     max_values[name] = high
+
+
+def _iso_datetime(value: dt.datetime, sep: str) -> str:
+    """ISO 8601 with a four-digit year and microseconds, in UTC when ``value`` is aware.
+
+    Not ``strftime``: glibc's ``%Y`` does not zero-pad, so year 999 became ``999-...``, a
+    string neither delta-rs nor Delta Lake parses (the stat was then silently lost).
+    """
+    if value.tzinfo is not None:
+        value = value.astimezone(dt.UTC).replace(tzinfo=None)
+    return value.isoformat(sep=sep, timespec="microseconds")
 
 
 def _json_value(value: Any, data_type: DataType) -> Any:
     if isinstance(data_type, TimestampType):
         if value.tzinfo is None:
             value = value.replace(tzinfo=dt.UTC)
-        return value.astimezone(dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+        return _iso_datetime(value, "T") + "Z"
     if isinstance(data_type, TimestampNTZType):
-        return value.strftime("%Y-%m-%dT%H:%M:%S.%f")
+        return _iso_datetime(value, "T")
     if isinstance(data_type, DateType):
         return value.isoformat()
     if isinstance(data_type, StringType) and isinstance(value, bytes):
@@ -252,7 +330,9 @@ def partition_value_string(value: Any) -> str | None:
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, dt.datetime):
-        return value.strftime("%Y-%m-%d %H:%M:%S.%f")
+        return _iso_datetime(value, " ")
     if isinstance(value, dt.date):
         return value.isoformat()
+    if isinstance(value, decimal.Decimal):
+        return format(value, "f")  # str() gives "0E-18" for a zero of scale 18; Spark writes "0.000..."
     return str(value)
