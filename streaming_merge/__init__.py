@@ -8,5 +8,16 @@ from streaming_merge.delta_table import DeltaTable
 from streaming_merge.merge.builder import DeltaMergeBuilder
 from streaming_merge.merge.command import MergeOptions
 from streaming_merge.merge.metrics import MergeMetrics
+from streaming_merge.streaming.progress import MergeProgress, MergeProgressListener
+from streaming_merge.streaming.sink import MergeSink
 
-__all__ = ["DeltaMergeBuilder", "DeltaTable", "MergeMetrics", "MergeOptions", "errors"]
+__all__ = [
+    "DeltaMergeBuilder",
+    "DeltaTable",
+    "MergeMetrics",
+    "MergeOptions",
+    "MergeProgress",
+    "MergeProgressListener",
+    "MergeSink",
+    "errors",
+]

@@ -72,6 +72,9 @@ def data_columns(schema: StructType, partition_columns: list[str]) -> StructType
     return StructType([f for f in schema.fields if f.name not in partition_columns])
 
 
+INTERNAL_PREFIX = "__sm_"  # our helper columns (delete flags, row ids) never become table columns
+
+
 def evolve(target: StructType, source: StructType) -> StructType:
     """Target schema with the source's new top-level columns appended (Delta's MERGE schema
     evolution for ``*`` clauses); column names compare case-insensitively as in Spark."""

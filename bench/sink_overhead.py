@@ -1,0 +1,398 @@
+"""Per-batch overhead of ``MergeSink`` over a bare MERGE of the same micro-batches.
+
+Run ``python -m bench.sink_overhead --help``. The sink does more than a MERGE per batch (the
+idempotency check, its own materialization, the per-key dedupe window, NULL-key routing, the
+tombstone lookup and upsert, the txn in the commit), and this says how much that costs, in
+milliseconds per batch, on the same data in the same process:
+
+* ``A`` (bare): ``DeltaTable.forPath(...).merge(...)`` with delete/update/insert clauses on ``op``,
+  i.e. what a user would write in ``foreachBatch`` without the sink. The batches hold one event
+  per id and increasing ``lsn``, so A is *correct* here without dedupe or an ordering guard;
+* ``B`` (sink): ``MergeSink(keys, sequence_by, delete_when, app_id)`` called as ``foreachBatch``
+  calls it, with tombstones (the default);
+* ``C`` (sink, ``tombstones=False``): separates the tombstone table's cost from the rest.
+
+Fairness: every variant merges into its own ``shutil.copytree`` of one target folder, gets the
+same batch objects (built from Arrow and ``localCheckpoint``-ed *before* any timing, so input
+creation is excluded for all), is warmed up with the same first batches (untimed, but applied so
+the tables stay equal), and the order A/B/C rotates from batch to batch so that neither JIT, GC
+nor page cache systematically favours one. Only the call itself is timed (``perf_counter``);
+``gc.collect()`` runs between calls, outside the timed region. The final tables are compared
+row for row (read back with delta-rs) so a faster variant cannot be a wrong one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import platform
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import deltalake
+import numpy as np
+import pyarrow as pa
+import pyspark
+from pyspark.sql import DataFrame, SparkSession
+
+from streaming_merge import DeltaTable, MergeSink
+from streaming_merge.session import local_session
+
+VARIANTS = ("A", "B", "C")
+LABELS = {"A": "bare MERGE", "B": "MergeSink", "C": "MergeSink(tombstones=False)"}
+PHASES = ("materialize", "dedupe", "merge", "commit", "total")
+UPDATE_FRACTION = 0.8
+DELETE_FRACTION = 0.01  # carved out of the updates: "a few" deletes of live ids per batch
+COMPARE_COLUMNS = ("id", "amount", "status")
+STATUSES = np.array(["new", "paid", "shipped", "delivered", "cancelled", "refunded"])
+APP_ID = "bench"
+
+NOTES = [
+    "ms = wall clock (time.perf_counter) of one call: A = forPath + merge(...).execute(), "
+    "B/C = sink(batch, batch_id). Batch creation (createDataFrame from Arrow + localCheckpoint) is "
+    "done before any timing and excluded for every variant.",
+    "The first --warmup batches are applied to every table but not timed; the order of A/B/C "
+    "rotates per batch.",
+    "Sink phases come from sink.recentProgress durationMs: 'dedupe' is the sink's whole preparation "
+    "(input count, NULL-key filter, dedupe window + count, tombstone lookup and upsert, table check); "
+    "'merge' = scanTimeMs + rewriteTimeMs; 'commit' = executionTimeMs - merge, and executionTimeMs is "
+    "taken *before* the log commit, so 'commit' is snapshot load + resolution, not the commit. "
+    "'unaccounted' = total - the four phases: the actual log commit, release of the materialized "
+    "batch and the sink's up-front idempotency check.",
+]
+
+
+# --------------------------------------------------------------------------- workload
+
+
+@dataclass
+class Workload:
+    """The target rows and the change batches, all as Arrow, generated from one seed."""
+
+    target: pa.Table
+    batches: list[pa.Table]
+    counts: list[dict[str, int]]
+
+
+def make_workload(target_rows: int, n_batches: int, batch_rows: int, seed: int) -> Workload:
+    """Target ids 0..N-1 (lsn 0, op 'c'); then per batch, on ids live at that point:
+    80 % events on existing ids (a few of them deletes 'd', the rest updates 'u') and 20 % inserts
+    'c' of new ids, one event per id, ``lsn`` strictly increasing across all batches.
+
+    One event per id is deliberate: the bare MERGE has no dedupe, and a batch with two events
+    for one id would fail it (or need a window the user writes), which is a different workload.
+    Tracking the live ids keeps deletes real (they hit a row) and updates real (never of a row
+    deleted earlier), so both variants do the same amount of work.
+    """
+    rng = np.random.default_rng(seed)
+    n_updates_total = min(round(batch_rows * UPDATE_FRACTION), target_rows)
+    n_deletes = max(1, round(batch_rows * DELETE_FRACTION)) if n_updates_total else 0
+    n_inserts = batch_rows - n_updates_total
+    alive = np.zeros(target_rows + n_batches * n_inserts, dtype=bool)
+    alive[:target_rows] = True
+    next_id = target_rows
+    target = _rows(rng, np.arange(target_rows, dtype=np.int64), np.zeros(target_rows, np.int64),
+                   np.full(target_rows, "c"))
+    batches: list[pa.Table] = []
+    counts: list[dict[str, int]] = []
+    lsn = 1
+    for _ in range(n_batches):
+        live = np.flatnonzero(alive)
+        existing = rng.choice(live, size=min(n_updates_total, len(live)), replace=False).astype(np.int64)
+        deleted, updated = existing[:n_deletes], existing[n_deletes:]
+        inserted = np.arange(next_id, next_id + n_inserts, dtype=np.int64)
+        next_id += n_inserts
+        alive[deleted] = False
+        alive[inserted] = True
+        ids = np.concatenate([updated, deleted, inserted])
+        ops = np.concatenate([np.full(len(updated), "u"), np.full(len(deleted), "d"),
+                              np.full(n_inserts, "c")])
+        order = rng.permutation(len(ids))  # no variant gets a source sorted by key
+        lsns = np.arange(lsn, lsn + len(ids), dtype=np.int64)  # increasing in arrival order
+        lsn += len(ids)
+        batches.append(_rows(rng, ids[order], lsns, ops[order]))
+        counts.append({"updates": len(updated), "deletes": len(deleted), "inserts": n_inserts})
+    return Workload(target, batches, counts)
+
+
+def _rows(rng: np.random.Generator, ids: np.ndarray, lsns: np.ndarray, ops: np.ndarray) -> pa.Table:
+    n = len(ids)
+    return pa.table({
+        "id": pa.array(ids, pa.int64()),
+        "lsn": pa.array(lsns, pa.int64()),
+        "op": pa.array(ops, pa.string()),
+        "amount": pa.array(np.round(rng.random(n) * 1000.0, 2), pa.float64()),
+        "status": pa.array(STATUSES[rng.integers(0, len(STATUSES), n)], pa.string()),
+    })
+
+
+def to_spark(spark: SparkSession, table: pa.Table) -> DataFrame:
+    """Arrow -> Spark, checkpointed now so that no variant pays for (or re-runs) input creation."""
+    return spark.createDataFrame(table).localCheckpoint(eager=True)
+
+
+def create_target(spark: SparkSession, table: pa.Table, path: str, n_files: int) -> None:
+    """The master target: ``n_files`` files with disjoint id ranges, like a table written in order."""
+    frame = spark.createDataFrame(table).repartitionByRange(n_files, "id")
+    DeltaTable.createFromDataFrame(frame, path)
+
+
+# --------------------------------------------------------------------------- variants
+
+
+def bare_merge(spark: SparkSession, path: str) -> Callable[[DataFrame, int], None]:
+    """Variant A: the MERGE a user would write in foreachBatch, with no sink around it."""
+
+    def run(batch: DataFrame, batch_id: int) -> None:
+        (DeltaTable.forPath(spark, path).alias("t").merge(batch.alias("s"), "t.id = s.id")
+         .whenMatchedDelete("s.op = 'd'")
+         .whenMatchedUpdateAll("s.op != 'd'")
+         .whenNotMatchedInsertAll("s.op != 'd'")
+         .execute())
+
+    return run
+
+
+def make_sink(path: str, tombstones: bool) -> MergeSink:
+    """Variants B and C: the sink as documented for a CDC stream."""
+    return MergeSink(path, keys=["id"], sequence_by="lsn", delete_when="op = 'd'", app_id=APP_ID,
+                     tombstones=tombstones)
+
+
+# --------------------------------------------------------------------------- statistics
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """Linear-interpolated percentile (numpy's default), so p90 of 20 values is not just the max."""
+    return float(np.percentile(np.asarray(values, dtype=float), q))
+
+
+def summarize(values: Sequence[float]) -> dict[str, float]:
+    return {
+        "median_ms": statistics.median(values),
+        "p90_ms": percentile(values, 90),
+        "mean_ms": statistics.fmean(values),
+        "min_ms": min(values),
+        "max_ms": max(values),
+    }
+
+
+def phase_medians(progress: Sequence[dict[str, Any]]) -> dict[str, float]:
+    """Median per sink phase, plus 'unaccounted' (total minus the four named phases)."""
+    out: dict[str, float] = {}
+    for phase in PHASES:
+        out[phase] = statistics.median(float(p["durationMs"].get(phase, 0)) for p in progress)
+    out["unaccounted"] = statistics.median(
+        float(p["durationMs"].get("total", 0) - sum(p["durationMs"].get(x, 0) for x in PHASES[:-1]))
+        for p in progress)
+    return out
+
+
+# --------------------------------------------------------------------------- check
+
+
+@dataclass
+class TableCheck:
+    """How a variant's final table compares with the bare MERGE's."""
+
+    rows: int
+    columns: list[str]
+    equal_to_a: bool
+    expected_rows: int
+    detail: str = ""
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        return self.equal_to_a and self.rows == self.expected_rows
+
+
+def sorted_rows(path: str) -> tuple[pa.Table, list[str]]:
+    """The compared columns sorted by id, read with delta-rs (an independent reader of the log)."""
+    table = deltalake.DeltaTable(path).to_pyarrow_table()
+    return table.select(list(COMPARE_COLUMNS)).sort_by("id"), table.column_names
+
+
+def check_tables(paths: dict[str, str], expected_rows: int) -> dict[str, TableCheck]:
+    reference, _ = sorted_rows(paths["A"])
+    checks: dict[str, TableCheck] = {}
+    for name, path in paths.items():
+        rows, columns = sorted_rows(path)
+        equal = rows.equals(reference)
+        detail = "" if equal else _first_difference(reference, rows)
+        checks[name] = TableCheck(rows.num_rows, columns, equal, expected_rows, detail)
+    return checks
+
+
+def _first_difference(expected: pa.Table, actual: pa.Table) -> str:
+    if expected.num_rows != actual.num_rows:
+        return f"{actual.num_rows} rows, A has {expected.num_rows}"
+    for i, (e, a) in enumerate(zip(expected.to_pylist(), actual.to_pylist(), strict=True)):
+        if e != a:
+            return f"row {i}: {a} != A's {e}"
+    return "equal values, different Arrow types"
+
+
+# --------------------------------------------------------------------------- run
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    spark = local_session("bench", "local[2]")
+    workdir = Path(args.workdir or tempfile.mkdtemp(prefix="sink_overhead_"))
+    workdir.mkdir(parents=True, exist_ok=True)
+    total_batches = args.warmup + args.batches
+    try:
+        t0 = time.perf_counter()
+        workload = make_workload(args.target_rows, total_batches, args.batch_rows, args.seed)
+        master = str(workdir / "master")
+        create_target(spark, workload.target, master, args.target_files)
+        paths = {name: str(workdir / name) for name in VARIANTS}
+        for path in paths.values():
+            shutil.copytree(master, path)
+        batches = [to_spark(spark, b) for b in workload.batches]
+        print(f"setup: target {args.target_rows} rows in {_num_files(master)} files, {total_batches} "
+              f"batches of {args.batch_rows} rows ({workload.counts[0]}) in {time.perf_counter() - t0:.1f}s; "
+              f"workdir {workdir}", flush=True)
+
+        sinks = {"B": make_sink(paths["B"], tombstones=True), "C": make_sink(paths["C"], tombstones=False)}
+        calls: dict[str, Callable[[DataFrame, int], None]] = {"A": bare_merge(spark, paths["A"]), **sinks}
+        times: dict[str, list[float]] = {name: [] for name in VARIANTS}
+        for batch_id, batch in enumerate(batches):
+            shift = batch_id % len(VARIANTS)
+            order = VARIANTS[shift:] + VARIANTS[:shift]
+            this_batch: dict[str, float] = {}
+            for name in order:
+                gc.collect()
+                started = time.perf_counter()
+                calls[name](batch, batch_id)
+                this_batch[name] = (time.perf_counter() - started) * 1000.0
+            if batch_id >= args.warmup:
+                for name in VARIANTS:
+                    times[name].append(this_batch[name])
+            kind = "warm-up" if batch_id < args.warmup else "timed"
+            print(f"  batch {batch_id:3d} {kind:<7} order {''.join(order)}: "
+                  + "  ".join(f"{name}={this_batch[name]:6.0f}ms" for name in VARIANTS), flush=True)
+
+        stats = {name: summarize(times[name]) for name in VARIANTS}
+        progress = {name: [p for p in sink.recentProgress if p["batchId"] >= args.warmup and not p["skipped"]]
+                    for name, sink in sinks.items()}
+        phases = {name: phase_medians(records) for name, records in progress.items()}
+        expected_rows = args.target_rows + sum(c["inserts"] - c["deletes"] for c in workload.counts)
+        checks = check_tables(paths, expected_rows)
+        tombstone_path = f"{paths['B']}_tombstones"
+        tombstone_rows = deltalake.DeltaTable(tombstone_path).to_pyarrow_table().num_rows \
+            if os.path.isdir(tombstone_path) else None
+        a = stats["A"]["median_ms"]
+        result = {
+            "benchmark": "sink_overhead",
+            "created": datetime.now(UTC).isoformat(timespec="seconds"),
+            "config": {
+                "target_rows": args.target_rows, "target_files": args.target_files, "batches": args.batches,
+                "warmup": args.warmup, "batch_rows": args.batch_rows, "seed": args.seed,
+                "batch_mix": workload.counts[0], "master": "local[2]",
+            },
+            "environment": {
+                "python": platform.python_version(), "pyspark": pyspark.__version__,
+                "deltalake": deltalake.__version__, "cpus": os.cpu_count(), "platform": platform.platform(),
+            },
+            "variants": {name: {"label": LABELS[name], **stats[name], "ms": times[name]}
+                         for name in VARIANTS},
+            "overhead": {
+                "B_minus_A_median_ms": stats["B"]["median_ms"] - a,
+                "C_minus_A_median_ms": stats["C"]["median_ms"] - a,
+                "B_minus_C_median_ms": stats["B"]["median_ms"] - stats["C"]["median_ms"],
+                "B_over_A": stats["B"]["median_ms"] / a,
+                "C_over_A": stats["C"]["median_ms"] / a,
+            },
+            "sink_phases_median_ms": phases,
+            "sink_progress": {name: [p["durationMs"] for p in records] for name, records in progress.items()},
+            "check": {name: {"ok": c.ok, "rows": c.rows, "expected_rows": c.expected_rows,
+                             "equal_to_A": c.equal_to_a, "columns": c.columns, "detail": c.detail}
+                      for name, c in checks.items()},
+            "tombstone_rows": tombstone_rows,
+            "final_files": {name: _num_files(path) for name, path in paths.items()},
+            "notes": NOTES,
+        }
+        report(result)
+        return result
+    finally:
+        if not args.keep:
+            shutil.rmtree(workdir, ignore_errors=True)
+            shutil.rmtree(f"{workdir / 'B'}_tombstones", ignore_errors=True)
+
+
+def _num_files(path: str) -> int:
+    return len(deltalake.DeltaTable(path).file_uris())
+
+
+def report(result: dict[str, Any]) -> None:
+    """The human-readable summary; the JSON holds the same numbers and every raw time."""
+    cfg = result["config"]
+    print(f"\n{cfg['batches']} timed batches of {cfg['batch_rows']} rows into {cfg['target_rows']} rows "
+          f"({cfg['warmup']} warm-up), ms per batch:")
+    print(f"  {'variant':<34}{'median':>9}{'p90':>9}{'mean':>9}{'min':>9}{'max':>9}")
+    for name, v in result["variants"].items():
+        print(f"  {name} {v['label']:<32}{v['median_ms']:9.0f}{v['p90_ms']:9.0f}{v['mean_ms']:9.0f}"
+              f"{v['min_ms']:9.0f}{v['max_ms']:9.0f}")
+    o = result["overhead"]
+    print(f"  overhead (median): B-A = {o['B_minus_A_median_ms']:+.0f} ms, "
+          f"C-A = {o['C_minus_A_median_ms']:+.0f} ms, tombstones B-C = {o['B_minus_C_median_ms']:+.0f} ms; "
+          f"B/A = {o['B_over_A']:.2f}, C/A = {o['C_over_A']:.2f}")
+    print("  sink phases, median ms (from recentProgress durationMs):")
+    names = [*PHASES, "unaccounted"]
+    print("    " + "".join(f"{n:>13}" for n in ("", *names)))
+    for name, phases in result["sink_phases_median_ms"].items():
+        print(f"    {name:>13}" + "".join(f"{phases[n]:13.0f}" for n in names))
+    print("  check (sorted id, amount, status vs A; read with delta-rs):")
+    for name, c in result["check"].items():
+        mark = "✓" if c["ok"] else "✗"
+        print(f"    {mark} {name}: {c['rows']} rows (expected {c['expected_rows']}), columns {c['columns']}"
+              + (f" — {c['detail']}" if c["detail"] else ""))
+    print(f"  tombstone table rows (B): {result['tombstone_rows']}; live files: {result['final_files']}")
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m bench.sink_overhead", description=__doc__.split("\n")[0])
+    parser.add_argument("--batches", type=int, default=20, help="timed batches (default 20)")
+    parser.add_argument("--batch-rows", type=int, default=1000, help="events per batch (default 1000)")
+    parser.add_argument("--target-rows", type=int, default=100_000, help="target rows (default 100000)")
+    parser.add_argument("--target-files", type=int, default=8, help="initial target files (default 8)")
+    parser.add_argument("--warmup", type=int, default=2, help="untimed warm-up batches (default 2)")
+    parser.add_argument("--seed", type=int, default=42)
+    parser.add_argument("--quick", action="store_true", help="5 batches into a 10k-row target")
+    parser.add_argument("--out", default=None,
+                        help="JSON output (default bench/results/sink_overhead[_quick].json)")
+    parser.add_argument("--workdir", default=None, help="where the tables go (default: a temp dir)")
+    parser.add_argument("--keep", action="store_true", help="keep the tables afterwards")
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.batches, args.target_rows = 5, 10_000
+    if args.out is None:
+        args.out = f"bench/results/sink_overhead{'_quick' if args.quick else ''}.json"
+    if args.batches < 1 or args.batch_rows < 1 or args.target_rows < 1 or args.warmup < 0:
+        parser.error("--batches, --batch-rows and --target-rows must be >= 1, --warmup >= 0")
+    return args
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    result = run(args)
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=2) + "\n")
+    print(f"wrote {out}")
+    return 0 if all(c["ok"] for c in result["check"].values()) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,122 @@
+"""Per-batch progress of the MergeSink, and its bridge to Spark's own query progress.
+
+Spark's ``StreamingQueryProgress`` cannot carry the MERGE metrics: ``observedMetrics``
+only aggregates the rows *entering* the sink (``Dataset.observe`` on the streaming
+DataFrame), while the MERGE runs inside ``foreachBatch`` after that plan has finished.
+So the sink keeps its own ``MergeProgress`` per batch, shaped like Spark's progress
+(camelCase keys, ``json()``), and ``MergeProgressListener`` joins the two by batchId.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+from collections import deque
+from collections.abc import Callable, Mapping
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from pyspark.sql.streaming import StreamingQueryListener
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class MergeProgress:
+    """What one micro-batch did to the target table."""
+
+    batchId: int  # noqa: N815 (Spark's progress field names)
+    appId: str  # noqa: N815
+    tableVersion: int | None  # noqa: N815
+    skipped: bool
+    attempts: int
+    numInputRows: int  # noqa: N815
+    numRowsAfterDedupe: int  # noqa: N815
+    numNullKeyRows: int  # noqa: N815
+    numLateRowsDropped: int  # noqa: N815
+    durationMs: Mapping[str, int]  # noqa: N815  materialize, dedupe, merge, commit, total
+    metrics: Mapping[str, int]
+    timestamp: str
+    target: str
+    deadLetterRows: int = 0  # noqa: N815
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["durationMs"] = dict(self.durationMs)
+        data["metrics"] = dict(self.metrics)
+        return data
+
+    def json(self) -> str:
+        return json.dumps(self.to_dict(), sort_keys=False)
+
+    def prettyJson(self) -> str:  # noqa: N802 (as StreamingQueryProgress)
+        return json.dumps(self.to_dict(), indent=2)
+
+    def summary(self) -> str:
+        """One log line with what matters per batch."""
+        m = self.metrics
+        if self.skipped:
+            return f"batch {self.batchId} skipped: txn({self.appId}) already applied to {self.target}"
+        return (
+            f"batch {self.batchId} -> {self.target} v{self.tableVersion}: in={self.numInputRows} "
+            f"dedup={self.numRowsAfterDedupe} ins={m.get('numTargetRowsInserted', 0)} "
+            f"upd={m.get('numTargetRowsUpdated', 0)} del={m.get('numTargetRowsDeleted', 0)} "
+            f"late={self.numLateRowsDropped} nullkeys={self.numNullKeyRows} "
+            f"files -{m.get('numTargetFilesRemoved', 0)}/+{m.get('numTargetFilesAdded', 0)} "
+            f"attempts={self.attempts} {self.durationMs.get('total', 0)}ms"
+        )
+
+
+class ProgressLog:
+    """Bounded, thread-safe history of MergeProgress records, newest last; a replayed batch
+    appears twice (run, then skipped), and lookups by batchId give its latest record."""
+
+    def __init__(self, capacity: int) -> None:
+        self._records: deque[MergeProgress] = deque(maxlen=capacity)
+        self._lock = threading.Lock()
+
+    def add(self, progress: MergeProgress) -> None:
+        with self._lock:
+            self._records.append(progress)
+
+    def get(self, batch_id: int) -> MergeProgress | None:
+        with self._lock:
+            return next((p for p in reversed(self._records) if p.batchId == batch_id), None)
+
+    def last(self) -> MergeProgress | None:
+        with self._lock:
+            return self._records[-1] if self._records else None
+
+    def all(self) -> list[MergeProgress]:
+        with self._lock:
+            return list(self._records)
+
+
+class MergeProgressListener(StreamingQueryListener):
+    """Hands ``on_progress`` one record per batch: Spark's progress plus ``merge`` (the
+    sink's MergeProgress of the same batchId), once both exist."""
+
+    def __init__(self, sink: Any, on_progress: Callable[[dict[str, Any]], None]) -> None:
+        self._sink = sink
+        self._on_progress = on_progress
+
+    def onQueryStarted(self, event: Any) -> None:  # noqa: N802 (Spark's callback names)
+        pass
+
+    def onQueryProgress(self, event: Any) -> None:  # noqa: N802
+        progress = event.progress
+        spark_record = json.loads(progress.json)
+        merge = self._sink.progress_for(progress.batchId)
+        spark_record["merge"] = merge.to_dict() if merge is not None else None
+        try:
+            self._on_progress(spark_record)
+        except Exception:  # a failing callback must not kill Spark's listener bus
+            log.exception("on_progress callback failed for batch %s", progress.batchId)
+
+    def onQueryIdle(self, event: Any) -> None:  # noqa: N802
+        pass
+
+    def onQueryTerminated(self, event: Any) -> None:  # noqa: N802
+        pass

@@ -1,0 +1,265 @@
+"""MergeSink: the ``foreachBatch`` callable that upserts each micro-batch exactly once.
+
+Exactly once comes from Delta's app transactions: the MERGE of batch N commits
+``txn(app_id, N)`` atomically with its data, and a batch whose txn is already in the
+table (a replay after a crash between our commit and Spark's offset commit) is
+skipped. ``app_id`` defaults to the streaming query's id, which Spark keeps in the
+checkpoint and so is stable across restarts.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import os
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+from streaming_merge.delta_table import DeltaTable
+from streaming_merge.errors import (
+    ConcurrentModificationError,
+    MaterializedSourceLostError,
+    MergeError,
+    StreamingMergeError,
+)
+from streaming_merge.merge.builder import DeltaMergeBuilder
+from streaming_merge.merge.command import MergeOptions
+from streaming_merge.merge.materialize import (
+    DEFAULT_STORAGE_LEVELS,
+    is_lost_block_error,
+    level_for_attempt,
+    materialize,
+    release,
+)
+from streaming_merge.merge.metrics import DELTA_METRICS
+from streaming_merge.streaming.cdc import DELETE_FLAG, CdcSpec, Dedupe, null_key_filter, prepare
+from streaming_merge.streaming.progress import MergeProgress, ProgressLog
+from streaming_merge.streaming.tombstones import Tombstones
+from streaming_merge.table.append import append_rows
+from streaming_merge.table.snapshot import load_snapshot, table_exists
+
+log = logging.getLogger(__name__)
+
+ClauseBuilder = Callable[[DeltaMergeBuilder], DeltaMergeBuilder]
+PhaseHook = Callable[[str, DataFrame], None]
+
+
+def _as_list(value: str | Sequence[str] | None) -> list[str]:
+    if value is None:
+        return []
+    return [value] if isinstance(value, str) else list(value)
+
+
+class MergeSink:
+    """Upsert every micro-batch into the Delta table at ``target``; see the README section
+    "Streaming upserts" for each option."""
+
+    def __init__(
+        self,
+        target: str,
+        keys: str | Sequence[str] | None = None,
+        *,
+        condition: str | None = None,
+        sequence_by: str | Sequence[str] | None = None,
+        delete_when: str | None = None,
+        dedupe: Dedupe = "last",
+        clauses: ClauseBuilder | None = None,
+        app_id: str | None = None,
+        schema_evolution: bool = False,
+        storage_levels: Sequence[str] = DEFAULT_STORAGE_LEVELS,
+        max_attempts: int = 4,
+        dead_letter: str | None = None,
+        create_if_missing: bool = True,
+        partition_by: Sequence[str] | None = None,
+        tombstones: bool | str = True,
+        tombstone_retention: dt.timedelta = dt.timedelta(days=7),
+        tombstone_purge_every: int = 100,
+        progress_capacity: int = 100,
+        merge_options: MergeOptions | None = None,
+        phase_hook: PhaseHook | None = None,
+    ) -> None:
+        key_list = _as_list(keys)
+        if not key_list and condition is None:
+            raise ValueError("MergeSink needs keys=[...] or condition='t.k = s.k'")
+        if max_attempts < 1:
+            raise ValueError(f"max_attempts must be >= 1, got {max_attempts}")
+        self.target = os.path.abspath(target)
+        self._spec = CdcSpec(key_list, _as_list(sequence_by), delete_when, dedupe) if key_list else None
+        self._condition = condition or (self._spec.key_condition() if self._spec else "")
+        self._clauses = clauses
+        self._app_id = app_id
+        self._schema_evolution = schema_evolution
+        self._storage_levels = tuple(storage_levels)
+        self._max_attempts = max_attempts
+        self._dead_letter = os.path.abspath(dead_letter) if dead_letter else None
+        self._create_if_missing = create_if_missing
+        self._partition_by = list(partition_by or [])
+        self._merge_options = merge_options or MergeOptions()
+        self._phase_hook = phase_hook
+        self._progress = ProgressLog(progress_capacity)
+        self._tombstones: Tombstones | None = None
+        if tombstones and self._spec is not None and self._spec.sequence_by:
+            path = tombstones if isinstance(tombstones, str) else f"{self.target}_tombstones"
+            self._tombstones = Tombstones(os.path.abspath(path), self._spec, tombstone_retention,
+                                          tombstone_purge_every)
+
+    # ------------------------------------------------------------------ progress
+
+    @property
+    def lastProgress(self) -> dict[str, Any] | None:  # noqa: N802 (as StreamingQuery)
+        last = self._progress.last()
+        return last.to_dict() if last is not None else None
+
+    @property
+    def recentProgress(self) -> list[dict[str, Any]]:  # noqa: N802
+        return [p.to_dict() for p in self._progress.all()]
+
+    def progress_for(self, batch_id: int) -> MergeProgress | None:
+        return self._progress.get(batch_id)
+
+    # ------------------------------------------------------------------ the batch
+
+    def __call__(self, batch_df: DataFrame, batch_id: int) -> None:
+        started = time.monotonic()
+        spark = batch_df.sparkSession
+        app_id = self._resolve_app_id(spark)
+        if table_exists(self.target):
+            applied = load_snapshot(self.target).transaction_version(app_id)
+            if applied is not None and applied >= batch_id:
+                self._report(MergeProgress(
+                    batchId=batch_id, appId=app_id, tableVersion=load_snapshot(self.target).version, skipped=True,
+                    attempts=0, numInputRows=0, numRowsAfterDedupe=0, numNullKeyRows=0, numLateRowsDropped=0,
+                    durationMs={"total": _ms(started)}, metrics={}, timestamp=_now(), target=self.target))
+                return
+        for attempt in range(1, self._max_attempts + 1):
+            level = level_for_attempt(self._storage_levels, attempt)
+            materialize_started = time.monotonic()
+            batch = materialize(batch_df, level)
+            materialize_ms = _ms(materialize_started)
+            try:
+                self._apply(spark, batch, batch_id, app_id, attempt, started, materialize_ms)
+                return
+            except Exception as exc:
+                lost = is_lost_block_error(exc)
+                if not (lost or isinstance(exc, ConcurrentModificationError)):
+                    raise
+                if attempt == self._max_attempts:
+                    if lost:
+                        raise MaterializedSourceLostError(
+                            f"Batch {batch_id} into `{self.target}`: the materialized micro-batch lost its blocks "
+                            f"on all {attempt} attempts.", attempts=attempt) from exc
+                    raise
+                log.warning("Batch %d into %s failed on attempt %d (%s); rerunning the batch", batch_id,
+                            self.target, attempt, type(exc).__name__)
+            finally:
+                release(batch)
+
+    def _resolve_app_id(self, spark: SparkSession) -> str:
+        if self._app_id:
+            return self._app_id
+        query_id = spark.sparkContext.getLocalProperty("sql.streaming.queryId")
+        if not query_id:
+            raise StreamingMergeError(
+                "MergeSink has no app_id and is not running inside a streaming query (no query id); pass "
+                "app_id='...' to call it directly.")
+        return query_id
+
+    def _apply(self, spark: SparkSession, batch: DataFrame, batch_id: int, app_id: str, attempt: int,
+               started: float, materialize_ms: int) -> None:
+        if self._phase_hook:
+            self._phase_hook("after_materialize", batch)
+        prepare_started = time.monotonic()
+        num_input = batch.count()
+        if num_input == 0:
+            self._report(MergeProgress(
+                batchId=batch_id, appId=app_id, tableVersion=None, skipped=False, attempts=attempt,
+                numInputRows=0, numRowsAfterDedupe=0, numNullKeyRows=0, numLateRowsDropped=0,
+                durationMs={"materialize": materialize_ms, "total": _ms(started)}, metrics={},
+                timestamp=_now(), target=self.target))
+            return
+        null_keys, dead_letter_rows = self._route_null_keys(spark, batch, batch_id, app_id)
+        source, late = batch, 0
+        if self._spec is not None:
+            source = prepare(batch, self._spec)
+        num_after_dedupe = source.count()
+        if self._tombstones is not None:
+            source, late = self._tombstones.drop_late(spark, source)
+        self._ensure_table(spark, source)
+        if self._tombstones is not None:
+            self._tombstones.record(spark, source, app_id, batch_id)
+        prepare_ms = _ms(prepare_started)
+
+        builder = DeltaTable(spark, self.target, "t").merge(source.alias("s"), self._condition)
+        builder = self._clauses(builder) if self._clauses else self._upsert(builder)
+        options = {"materialize_source": "none"}  # the batch is materialized once, above
+        if self._phase_hook:
+            options["phase_hook"] = self._phase_hook  # type: ignore[assignment]
+        builder = builder.withOptions(**options)
+        if self._schema_evolution:
+            builder = builder.withSchemaEvolution()
+        metrics = builder.execute(app_id=app_id, version=batch_id)
+        merge_ms = int(metrics["scanTimeMs"] or 0) + int(metrics["rewriteTimeMs"] or 0)
+        self._report(MergeProgress(
+            batchId=batch_id, appId=app_id, tableVersion=metrics["tableVersion"],  # type: ignore[arg-type]
+            skipped=bool(metrics["skipped"]), attempts=attempt, numInputRows=num_input,
+            numRowsAfterDedupe=num_after_dedupe, numNullKeyRows=null_keys, numLateRowsDropped=late,
+            durationMs={"materialize": materialize_ms, "dedupe": prepare_ms, "merge": merge_ms,
+                        "commit": max(0, int(metrics["executionTimeMs"] or 0) - merge_ms), "total": _ms(started)},
+            metrics={name: int(metrics[name] or 0) for name in DELTA_METRICS},
+            timestamp=_now(), target=self.target, deadLetterRows=dead_letter_rows))
+
+    def _upsert(self, builder: DeltaMergeBuilder) -> DeltaMergeBuilder:
+        """The CDC preset: newest event per key wins, deletes delete, nothing older wins."""
+        assert self._spec is not None
+        newer = self._spec.newer()
+        guard = f" AND {newer}" if newer else ""
+        return (builder
+                .whenMatchedDelete(condition=f"s.`{DELETE_FLAG}`{guard}")
+                .whenMatchedUpdateAll(condition=f"NOT s.`{DELETE_FLAG}`{guard}")
+                .whenNotMatchedInsertAll(condition=f"NOT s.`{DELETE_FLAG}`"))
+
+    def _route_null_keys(self, spark: SparkSession, batch: DataFrame, batch_id: int, app_id: str
+                         ) -> tuple[int, int]:
+        """Rows with a NULL key cannot be applied: to the dead-letter table, or fail the batch."""
+        if self._spec is None:
+            return 0, 0
+        bad = batch.filter(null_key_filter(self._spec))
+        count = bad.count()
+        if not count:
+            return 0, 0
+        if self._dead_letter is None:
+            raise MergeError(
+                f"Batch {batch_id}: {count} row(s) have NULL in key column(s) {list(self._spec.keys)} and cannot be "
+                f"applied to `{self.target}`; nothing was written. Configure dead_letter='<path>' to divert them.")
+        records = bad.select(
+            F.lit(app_id).alias("app_id"), F.lit(batch_id).cast("long").alias("batch_id"),
+            F.lit(f"NULL in key column(s) {', '.join(self._spec.keys)}").alias("reason"),
+            F.to_json(F.struct(*[F.col(f"`{c}`") for c in batch.columns])).alias("record"),
+            F.current_timestamp().alias("recorded_at"))
+        append_rows(spark, records, self._dead_letter, app_id, batch_id)
+        return count, count
+
+    def _ensure_table(self, spark: SparkSession, source: DataFrame) -> None:
+        if table_exists(self.target):
+            return
+        if not self._create_if_missing:
+            DeltaTable.forPath(spark, self.target)  # raises NotADeltaTableError naming the path
+        columns = [c for c in source.columns if not c.startswith("__sm_")]
+        DeltaTable.createFromDataFrame(source.select(*[f"`{c}`" for c in columns]).limit(0), self.target,
+                                       partitionBy=self._partition_by or None)
+
+    def _report(self, progress: MergeProgress) -> None:
+        self._progress.add(progress)
+        log.info("MergeSink %s", progress.summary())
+
+
+def _ms(since: float) -> int:
+    return int((time.monotonic() - since) * 1000)
+
+
+def _now() -> str:
+    return dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"

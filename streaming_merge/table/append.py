@@ -1,0 +1,36 @@
+"""Idempotent blind appends (dead-letter rows, audit tables): write + commit with a txn."""
+
+from __future__ import annotations
+
+import os
+
+from pyspark.sql import DataFrame, SparkSession
+
+from streaming_merge.table.commit import CommitRequest, commit
+from streaming_merge.table.create import create_table
+from streaming_merge.table.snapshot import check_writable, load_snapshot, table_exists
+from streaming_merge.table.write import delete_written, write_files
+
+
+def append_rows(spark: SparkSession, df: DataFrame, path: str, app_id: str, version: int) -> int | None:
+    """Append ``df`` to the table at ``path`` (created from ``df``'s schema if missing) unless
+    txn(app_id) >= version is already recorded; returns the new version or None if skipped."""
+    path = os.path.abspath(path)
+    if not table_exists(path):
+        create_table(spark, df.limit(0), path)
+    snapshot = load_snapshot(path)
+    check_writable(snapshot)
+    applied = snapshot.transaction_version(app_id)
+    if applied is not None and applied >= version:
+        return None
+    written = write_files(spark, df.select(*[f"`{f.name}`" for f in snapshot.schema.fields]), path,
+                          snapshot.schema, snapshot.partition_columns)
+    try:
+        return commit(CommitRequest(snapshot=snapshot, adds=written, removes=[], operation="WRITE",
+                                    operation_parameters={"mode": "Append"},
+                                    operation_metrics={"numFiles": len(written),
+                                                       "numOutputRows": sum(w.num_records for w in written)},
+                                    app_id=app_id, app_version=version))
+    except BaseException:
+        delete_written(path, written)
+        raise

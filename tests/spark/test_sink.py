@@ -1,0 +1,219 @@
+"""MergeSink: CDC semantics, idempotency, retries, errors and progress.
+
+Most tests call the sink the way foreachBatch does (``sink(df, batch_id)``); one runs
+a real streaming query and joins Spark's progress with ours through the listener.
+Results are read back with delta-rs and compared with the reference model.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from typing import Any
+
+import deltalake
+import pytest
+from pyspark.sql import DataFrame, SparkSession
+
+from streaming_merge import MergeProgressListener, MergeSink
+from streaming_merge.errors import MergeError, MultipleSourceRowMatchingTargetRowError
+from streaming_merge.merge.materialize import checkpoint_rdd_id
+from tests.streaming_support.cdc_events import SCHEMA, expected_state, generate, table_state, write_files
+
+
+def read(path: str) -> list[dict[str, Any]]:
+    return deltalake.DeltaTable(path).to_pyarrow_table().to_pylist()
+
+
+def frame(spark: SparkSession, events: list[dict[str, Any]]) -> DataFrame:
+    return spark.createDataFrame([(e["id"], e["lsn"], e["op"], e["name"], e["amount"]) for e in events], SCHEMA)
+
+
+def cdc_sink(path: str, **kwargs: Any) -> MergeSink:
+    kwargs.setdefault("app_id", "test-app")
+    return MergeSink(path, keys=["id"], sequence_by="lsn", delete_when="op = 'd'", **kwargs)
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+def test_out_of_order_cdc_batches_end_in_the_reference_state(spark: SparkSession, table_path: str,
+                                                              seed: int) -> None:
+    batches = generate(seed, batches=4, events_per_batch=12, keys=8)
+    sink = cdc_sink(table_path)
+    for batch_id, events in enumerate(batches):
+        sink(frame(spark, events), batch_id)
+    assert table_state(read(table_path)) == expected_state(batches)
+    progress = sink.recentProgress
+    assert [p["batchId"] for p in progress] == [0, 1, 2, 3]
+    assert sum(p["numInputRows"] for p in progress) == sum(len(b) for b in batches)
+    assert all(p["numRowsAfterDedupe"] <= p["numInputRows"] for p in progress)
+    assert deltalake.DeltaTable(table_path).transaction_version("test-app") == 3
+
+
+def test_late_insert_never_resurrects_a_deleted_row(spark: SparkSession, table_path: str) -> None:
+    sink = cdc_sink(table_path)
+    sink(frame(spark, [{"id": 1, "lsn": 10, "op": "c", "name": "a", "amount": 1}]), 0)
+    sink(frame(spark, [{"id": 1, "lsn": 20, "op": "d", "name": None, "amount": None}]), 1)
+    sink(frame(spark, [{"id": 1, "lsn": 15, "op": "u", "name": "late", "amount": 2},
+                       {"id": 2, "lsn": 16, "op": "c", "name": "b", "amount": 3}]), 2)
+    assert table_state(read(table_path)) == {2: {"id": 2, "lsn": 16, "op": "c", "name": "b", "amount": 3}}
+    assert sink.lastProgress["numLateRowsDropped"] == 1
+    tombstones = read(f"{table_path}_tombstones")
+    assert [(t["id"], t["lsn"]) for t in tombstones] == [(1, 20)]
+    # A newer re-insert brings the key back.
+    sink(frame(spark, [{"id": 1, "lsn": 30, "op": "c", "name": "again", "amount": 4}]), 3)
+    assert table_state(read(table_path))[1]["name"] == "again"
+
+
+def test_tombstones_past_retention_are_purged(spark: SparkSession, table_path: str) -> None:
+    import datetime as dt
+
+    sink = cdc_sink(table_path)
+    sink(frame(spark, [{"id": 1, "lsn": 1, "op": "d", "name": None, "amount": None},
+                       {"id": 2, "lsn": 2, "op": "d", "name": None, "amount": None}]), 0)
+    assert len(read(f"{table_path}_tombstones")) == 2
+    assert sink._tombstones is not None
+    purged = sink._tombstones.purge(spark, now=dt.datetime.now(dt.UTC) + dt.timedelta(days=8))
+    assert purged == 2 and read(f"{table_path}_tombstones") == []
+
+
+def test_replayed_batch_is_skipped_and_reported(spark: SparkSession, table_path: str) -> None:
+    sink = cdc_sink(table_path)
+    events = [{"id": 1, "lsn": 1, "op": "c", "name": "a", "amount": 1}]
+    sink(frame(spark, events), 0)
+    version = deltalake.DeltaTable(table_path).version()
+    sink(frame(spark, [{"id": 1, "lsn": 2, "op": "u", "name": "replay-differs", "amount": 9}]), 0)
+    assert deltalake.DeltaTable(table_path).version() == version
+    assert sink.lastProgress["skipped"] is True and sink.lastProgress["batchId"] == 0
+    assert table_state(read(table_path))[1]["name"] == "a"
+
+
+def test_without_sequence_the_last_row_of_the_batch_wins(spark: SparkSession, table_path: str) -> None:
+    sink = MergeSink(table_path, keys="id", app_id="a")
+    rows = [(1, "first"), (2, "x"), (1, "second"), (1, "third")]
+    sink(spark.createDataFrame(rows, "id int, v string").coalesce(1), 0)
+    assert sorted((r["id"], r["v"]) for r in read(table_path)) == [(1, "third"), (2, "x")]
+
+
+def test_dedupe_error_fails_the_batch_on_duplicate_keys(spark: SparkSession, table_path: str) -> None:
+    sink = MergeSink(table_path, keys="id", app_id="a", dedupe="error")
+    with pytest.raises(MultipleSourceRowMatchingTargetRowError, match=r"id=1 \(2 events\)"):
+        sink(spark.createDataFrame([(1, "a"), (1, "b")], "id int, v string"), 0)
+    assert not os.path.exists(os.path.join(table_path, "_delta_log"))
+
+
+def test_null_keys_fail_the_batch_without_a_dead_letter_table(spark: SparkSession, table_path: str) -> None:
+    sink = cdc_sink(table_path)
+    sink(frame(spark, [{"id": 1, "lsn": 1, "op": "c", "name": "a", "amount": 1}]), 0)
+    version = deltalake.DeltaTable(table_path).version()
+    bad = [{"id": None, "lsn": 2, "op": "c", "name": "x", "amount": 1},
+           {"id": None, "lsn": 3, "op": "c", "name": "y", "amount": 1},
+           {"id": 2, "lsn": 4, "op": "c", "name": "b", "amount": 1}]
+    with pytest.raises(MergeError, match=r"Batch 1: 2 row\(s\) have NULL in key column\(s\) \['id'\]"):
+        sink(frame(spark, bad), 1)
+    assert deltalake.DeltaTable(table_path).version() == version
+
+
+def test_null_keys_go_to_the_dead_letter_table_with_the_reason(spark: SparkSession, table_path: str,
+                                                               tmp_path: Any) -> None:
+    dead = str(tmp_path / "dead")
+    sink = cdc_sink(table_path, dead_letter=dead)
+    batch = [{"id": None, "lsn": 2, "op": "c", "name": "x", "amount": 1},
+             {"id": 2, "lsn": 4, "op": "c", "name": "b", "amount": 1}]
+    sink(frame(spark, batch), 0)
+    sink(frame(spark, batch), 0)  # replay: neither table changes
+    assert list(table_state(read(table_path))) == [2]
+    letters = read(dead)
+    assert len(letters) == 1
+    assert letters[0]["reason"] == "NULL in key column(s) id" and letters[0]["batch_id"] == 0
+    assert '"name":"x"' in letters[0]["record"]
+    assert sink.lastProgress["skipped"] is True
+    assert sink.recentProgress[0]["numNullKeyRows"] == 1
+
+
+def test_empty_batch_commits_nothing_but_reports(spark: SparkSession, table_path: str) -> None:
+    sink = cdc_sink(table_path)
+    sink(frame(spark, [{"id": 1, "lsn": 1, "op": "c", "name": "a", "amount": 1}]), 0)
+    version = deltalake.DeltaTable(table_path).version()
+    sink(frame(spark, []), 1)
+    assert deltalake.DeltaTable(table_path).version() == version
+    assert sink.lastProgress["batchId"] == 1 and sink.lastProgress["numInputRows"] == 0
+    assert sink.lastProgress["skipped"] is False
+
+
+def test_deletes_of_missing_keys_are_harmless(spark: SparkSession, table_path: str) -> None:
+    sink = cdc_sink(table_path)
+    sink(frame(spark, [{"id": 5, "lsn": 1, "op": "d", "name": None, "amount": None},
+                       {"id": 6, "lsn": 2, "op": "c", "name": "f", "amount": 1}]), 0)
+    assert list(table_state(read(table_path))) == [6]
+    assert sink.lastProgress["metrics"]["numTargetRowsDeleted"] == 0
+
+
+def test_lost_batch_blocks_rerun_the_batch(spark: SparkSession, table_path: str) -> None:
+    seen: dict[str, Any] = {"lost": False}
+
+    def hook(phase: str, frame_: DataFrame) -> None:
+        if phase == "after_materialize":
+            seen["batch"] = frame_
+        if phase == "after_find_touched_files" and not seen["lost"]:
+            seen["lost"] = True
+            spark.sparkContext._jsc.sc().unpersistRDD(checkpoint_rdd_id(seen["batch"]), True)
+
+    sink = cdc_sink(table_path, phase_hook=hook)
+    sink(frame(spark, [{"id": 1, "lsn": 1, "op": "c", "name": "a", "amount": 1}]), 0)
+    seen["lost"] = False
+    batch = [{"id": 1, "lsn": 2, "op": "u", "name": "b", "amount": 2},
+             {"id": 3, "lsn": 3, "op": "c", "name": "c", "amount": 3}]
+    sink(frame(spark, batch), 1)
+    assert sink.lastProgress["attempts"] == 2
+    assert table_state(read(table_path)) == expected_state([[{"id": 1, "lsn": 1, "op": "c", "name": "a",
+                                                              "amount": 1}], batch])
+
+
+def test_a_second_writer_during_the_batch_is_handled(spark: SparkSession, table_path: str) -> None:
+    state = {"interfered": False}
+
+    def hook(phase: str, _: DataFrame) -> None:
+        if phase == "before_commit" and not state["interfered"]:
+            state["interfered"] = True
+            deltalake.DeltaTable(table_path).update(updates={"amount": "amount + 1000"}, predicate="id = 2")
+
+    sink = cdc_sink(table_path)
+    sink(frame(spark, [{"id": 1, "lsn": 1, "op": "c", "name": "a", "amount": 1},
+                       {"id": 2, "lsn": 2, "op": "c", "name": "b", "amount": 2}]), 0)
+    sink = cdc_sink(table_path, phase_hook=hook)
+    sink(frame(spark, [{"id": 1, "lsn": 3, "op": "u", "name": "a2", "amount": 5}]), 1)
+    assert state["interfered"] and sink.lastProgress["attempts"] == 2
+    result = table_state(read(table_path))
+    assert result[1]["name"] == "a2" and result[2]["amount"] == 1002
+
+
+def test_real_streaming_query_with_progress_listener(spark: SparkSession, tmp_path: Any) -> None:
+    batches = generate(7, batches=3, events_per_batch=10, keys=6)
+    source, target = str(tmp_path / "in"), str(tmp_path / "out")
+    write_files(source, batches)
+    sink = MergeSink(target, keys=["id"], sequence_by="lsn", delete_when="op = 'd'")
+    combined: list[dict[str, Any]] = []
+    done = threading.Event()
+
+    def on_progress(record: dict[str, Any]) -> None:
+        combined.append(record)
+        if len(combined) == len(batches):
+            done.set()
+
+    listener = MergeProgressListener(sink, on_progress)
+    spark.streams.addListener(listener)
+    try:
+        query = (spark.readStream.schema(SCHEMA).option("maxFilesPerTrigger", 1).json(source)
+                 .writeStream.foreachBatch(sink).option("checkpointLocation", str(tmp_path / "chk"))
+                 .trigger(availableNow=True).start())
+        query.awaitTermination()
+        assert done.wait(60), f"listener saw {len(combined)} of {len(batches)} progress events"
+    finally:
+        spark.streams.removeListener(listener)
+    assert table_state(read(target)) == expected_state(batches)
+    assert deltalake.DeltaTable(target).transaction_version(str(query.id)) == len(batches) - 1
+    for record in combined:
+        assert record["merge"] is not None and record["merge"]["batchId"] == record["batchId"]
+        assert record["merge"]["numInputRows"] == record["numInputRows"]
+        assert record["merge"]["appId"] == record["id"]
+        assert "numTargetRowsInserted" in record["merge"]["metrics"]
