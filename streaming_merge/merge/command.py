@@ -169,14 +169,16 @@ def _run_once(spark: SparkSession, request: MergeRequest, clauses: ClauseSet, so
         to_rewrite: list[DataFile] = []
         if not clauses.is_insert_only:
             touched = find_touched_files(spark, snapshot, candidates, source, resolved,
-                                         [t for t, _ in key_pairs(request.condition, skipping.scope)])
+                                         [t for t, _ in key_pairs(request.condition, skipping.scope)],
+                                         skipping.source_rows)
             metrics["numSourceRows"] = touched.num_source_rows
             to_rewrite = touched.files
     metrics["scanTimeMs"] = _millis_since(scan_started) if not clauses.is_insert_only else 0
     hook("after_find_touched_files", source)
 
     rewrite_started = time.monotonic()
-    result = _rewrite(spark, snapshot, candidates, to_rewrite, source, resolved, request.options)
+    result = _rewrite(spark, snapshot, candidates, to_rewrite, source, resolved, request.options,
+                      skipping.source_rows)
     metrics["rewriteTimeMs"] = _millis_since(rewrite_started)
     metrics.update(result.counts)
     if clauses.is_only_one_unconditional_delete and to_rewrite:
@@ -218,7 +220,8 @@ def _run_once(spark: SparkSession, request: MergeRequest, clauses: ClauseSet, so
 
 
 def _rewrite(spark: SparkSession, snapshot: Snapshot, candidates: list[DataFile], to_rewrite: list[DataFile],
-             source: DataFrame, resolved: ResolvedMerge, options: MergeOptions) -> RewriteResult:
+             source: DataFrame, resolved: ResolvedMerge, options: MergeOptions, source_rows: int
+             ) -> RewriteResult:
     clauses = resolved.clauses
     if clauses.is_insert_only or (not to_rewrite and resolved.not_matched):
         with job_description(spark, "MERGE operation - writing new files for only inserts"):
@@ -231,7 +234,7 @@ def _rewrite(spark: SparkSession, snapshot: Snapshot, candidates: list[DataFile]
     with job_description(spark, f"MERGE operation - Rewriting {len(to_rewrite)} files"):
         return write_all_changes(spark, snapshot, to_rewrite, source, resolved,
                                  optimize_matched_only=options.optimize_matched_only,
-                                 repartition=options.repartition_before_write)
+                                 repartition=options.repartition_before_write, source_rows=source_rows)
 
 
 def _partitions(snapshot: Snapshot, files: Sequence[DataFile]) -> int:

@@ -60,6 +60,23 @@ class ResolvedMerge:
         return [*self.matched, *self.not_matched, *self.not_matched_by_source]
 
 
+def broadcast_if_small(frame: DataFrame, rows: int) -> DataFrame:
+    """Broadcast-hint a source that is known to be small.
+
+    A materialized source has no size statistics, so Spark would shuffle both sides and
+    only later (AQE) switch to a broadcast join, after the big target side was already
+    shuffled. We know the row count, so we decide up front with Spark's own threshold.
+    """
+    spark = frame.sparkSession
+    threshold = int(spark._jsparkSession.sessionState().conf().autoBroadcastJoinThreshold())
+    width = sum(_WIDTHS.get(type(f.dataType).__name__, 32) for f in frame.schema.fields)
+    return F.broadcast(frame) if threshold >= 0 and rows * width <= threshold else frame
+
+
+_WIDTHS = {"BooleanType": 1, "ByteType": 1, "ShortType": 2, "IntegerType": 4, "LongType": 8, "FloatType": 4,
+           "DoubleType": 8, "DateType": 4, "TimestampType": 8, "TimestampNTZType": 8, "StringType": 24}
+
+
 def qualified(alias: str, name: str) -> Column:
     return F.col(f"`{alias}`.`{name}`")
 

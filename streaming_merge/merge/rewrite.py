@@ -15,7 +15,14 @@ from dataclasses import dataclass
 from pyspark.sql import Column, DataFrame, Observation, SparkSession
 from pyspark.sql import functions as F
 
-from streaming_merge.merge.resolve import SOURCE_PRESENT, TARGET_PRESENT, ResolvedClause, ResolvedMerge, qualified
+from streaming_merge.merge.resolve import (
+    SOURCE_PRESENT,
+    TARGET_PRESENT,
+    ResolvedClause,
+    ResolvedMerge,
+    broadcast_if_small,
+    qualified,
+)
 from streaming_merge.table.scan import scan_files
 from streaming_merge.table.snapshot import DataFile, Snapshot
 from streaming_merge.table.write import WrittenFile, write_files
@@ -84,14 +91,17 @@ def write_all_changes(
     *,
     optimize_matched_only: bool,
     repartition: bool,
+    source_rows: int,
 ) -> RewriteResult:
     """Rewrite the touched files with every clause applied, plus the inserted rows."""
     src_obs, out_obs = Observation(), Observation()
+    matched_only = optimize_matched_only and resolved.clauses.is_matched_only
+    if matched_only:  # a right outer join can build its left side: broadcast a small source
+        source = broadcast_if_small(source, source_rows)
     src = (source.alias(resolved.source_alias).withColumn(SOURCE_PRESENT, F.lit(True))
            .observe(src_obs, F.count(F.lit(1)).alias("rows")))
     tgt = (scan_files(spark, snapshot, files_to_rewrite, schema=resolved.output_schema)
            .alias(resolved.target_alias).withColumn(TARGET_PRESENT, F.lit(True)))
-    matched_only = optimize_matched_only and resolved.clauses.is_matched_only
     joined = src.join(tgt, resolved.condition, "right_outer" if matched_only else "full_outer")
 
     source_present = F.col(SOURCE_PRESENT).isNotNull()

@@ -293,6 +293,7 @@ class SkippingPlan:
     scope: ColumnScope
     schema: StructType
     skip_nothing: bool
+    source_rows: int  # counted in the same job as the key range; sizes the join strategy
 
     def select(self, spark: SparkSession, snapshot: Snapshot, files: Sequence[DataFile]) -> list[DataFile]:
         """The subset of ``files`` that may hold a row this MERGE matches."""
@@ -337,10 +338,12 @@ def plan_skipping(
     has_not_matched_by_source: bool,
     use_source_key_range: bool,
 ) -> SkippingPlan:
-    """Work out the skipping predicates; computes the source's key range (one small job)."""
+    """Work out the skipping predicates; one small job over the source gives its row count
+    and key range."""
     scope = ColumnScope(target_alias, source_alias, [f.name for f in target_schema.fields], source.columns)
     if has_not_matched_by_source:
-        return SkippingPlan((), (), scope, target_schema, skip_nothing=True)
+        rows = int(source.agg(F.count(F.lit(1))).collect()[0][0])
+        return SkippingPlan((), (), scope, target_schema, skip_nothing=True, source_rows=rows)
     target_only = target_only_conjuncts([condition], scope)
     if matched_conditions:
         combined = matched_conditions[0]
@@ -350,16 +353,17 @@ def plan_skipping(
         if scope.is_target_only(combined_node):
             target_only.append(combined_node)
     ranges: list[tuple[str, Any, Any, bool]] = []
+    pairs: list[tuple[str, str]] = []
     if use_source_key_range:
         types = {f.name: f.dataType for f in target_schema.fields}
         pairs = [(t, s) for t, s in key_pairs(condition, scope)
                  if isinstance(types[t], AtomicType) and not isinstance(types[t], BinaryType)]
-        if pairs:
-            aggregates = []
-            for i, (_, s) in enumerate(pairs):
-                column = F.col(f"`{source_alias}`.`{s}`")
-                aggregates += [F.min(column).alias(f"lo{i}"), F.max(column).alias(f"hi{i}")]
-            row = source.alias(source_alias).agg(*aggregates).collect()[0]
-            for i, (t, _) in enumerate(pairs):
-                ranges.append((t, row[f"lo{i}"], row[f"hi{i}"], row[f"lo{i}"] is not None))
-    return SkippingPlan(target_only, ranges, scope, target_schema, skip_nothing=False)
+    aggregates = [F.count(F.lit(1)).alias("rows")]
+    for i, (_, s) in enumerate(pairs):
+        column = F.col(f"`{source_alias}`.`{s}`")
+        aggregates += [F.min(column).alias(f"lo{i}"), F.max(column).alias(f"hi{i}")]
+    row = source.alias(source_alias).agg(*aggregates).collect()[0]
+    for i, (t, _) in enumerate(pairs):
+        ranges.append((t, row[f"lo{i}"], row[f"hi{i}"], row[f"lo{i}"] is not None))
+    return SkippingPlan(target_only, ranges, scope, target_schema, skip_nothing=False,
+                        source_rows=int(row["rows"]))

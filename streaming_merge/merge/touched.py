@@ -16,7 +16,14 @@ from pyspark.sql import Column, DataFrame, Observation, SparkSession
 from pyspark.sql import functions as F
 
 from streaming_merge.errors import MultipleSourceRowMatchingTargetRowError
-from streaming_merge.merge.resolve import SOURCE_PRESENT, TARGET_PRESENT, ResolvedClause, ResolvedMerge, qualified
+from streaming_merge.merge.resolve import (
+    SOURCE_PRESENT,
+    TARGET_PRESENT,
+    ResolvedClause,
+    ResolvedMerge,
+    broadcast_if_small,
+    qualified,
+)
 from streaming_merge.table.scan import FILE_PATH_COL, ROW_INDEX_COL, scan_files, spark_file_paths
 from streaming_merge.table.snapshot import DataFile, Snapshot
 
@@ -55,12 +62,13 @@ def find_touched_files(
     source: DataFrame,
     resolved: ResolvedMerge,
     key_columns: Sequence[str],
+    source_rows: int,
 ) -> TouchedFiles:
     """Touched files among ``candidates``; raises on multiple matches (Delta's rule)."""
     source_alias, target_alias = resolved.source_alias, resolved.target_alias
-    src = source.alias(source_alias).withColumn(SOURCE_PRESENT, F.lit(True))
     if not candidates:
-        return TouchedFiles([], src.count(), 0)
+        return TouchedFiles([], source_rows, 0)
+    src = broadcast_if_small(source, source_rows).alias(source_alias).withColumn(SOURCE_PRESENT, F.lit(True))
     observation = Observation()
     src = src.observe(observation, F.count(F.lit(1)).alias("rows"))
     tgt = (scan_files(spark, snapshot, candidates, with_row_id=True, schema=resolved.output_schema)
