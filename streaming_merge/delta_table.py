@@ -28,20 +28,20 @@ class DeltaTable:
         self.alias_name = alias
 
     @classmethod
-    def forPath(cls, spark: SparkSession, path: str) -> DeltaTable:  # noqa: N802 (delta-spark's name)
+    def forPath(cls, spark: SparkSession, path: str) -> DeltaTable:
         """Open the table at ``path``; raises NotADeltaTableError when there is none."""
         open_table(os.path.abspath(path))
         return cls(spark, path)
 
     @classmethod
-    def createFromDataFrame(cls, df: DataFrame, path: str,  # noqa: N802
-                            partitionBy: list[str] | None = None) -> DeltaTable:  # noqa: N803
+    def createFromDataFrame(cls, df: DataFrame, path: str,
+                            partitionBy: list[str] | None = None) -> DeltaTable:
         """Create a new Delta table at ``path`` holding ``df``'s rows (refuses an existing one)."""
         create_table(df.sparkSession, df, path, partitionBy)
         return cls(df.sparkSession, path)
 
     @classmethod
-    def isDeltaTable(cls, spark: SparkSession, path: str) -> bool:  # noqa: N802
+    def isDeltaTable(cls, spark: SparkSession, path: str) -> bool:
         from streaming_merge.table.snapshot import table_exists
 
         return table_exists(os.path.abspath(path))
@@ -49,7 +49,7 @@ class DeltaTable:
     def alias(self, alias: str) -> DeltaTable:
         return DeltaTable(self._spark, self.path, alias)
 
-    def toDF(self, version: int | None = None) -> DataFrame:  # noqa: N802
+    def toDF(self, version: int | None = None) -> DataFrame:
         """The table (at ``version``, latest by default) as a DataFrame, aliased as the table."""
         snapshot = load_snapshot(self.path, version)
         return scan_files(self._spark, snapshot, snapshot.files).alias(self.alias_name)

@@ -39,7 +39,7 @@ class DeltaMergeBuilder:
     condition: Column
     clauses: tuple[MergeClause, ...] = ()
     schema_evolution: bool = False
-    options: MergeOptions = MergeOptions()
+    options: MergeOptions = dataclasses.field(default_factory=MergeOptions)
 
     def _add(self, kind: ClauseKind, action: ClauseAction, condition: ExprLike | None,
              assignments: Mapping[str, ExprLike] | None = None) -> DeltaMergeBuilder:
@@ -49,42 +49,42 @@ class DeltaMergeBuilder:
         clause = MergeClause(kind, action, condition, dict(assignments or {}))
         return dataclasses.replace(self, clauses=(*self.clauses, clause))
 
-    def whenMatchedUpdate(self, condition: ExprLike | None = None,  # noqa: N802 (delta-spark's name)
-                          set: Mapping[str, ExprLike] | None = None) -> DeltaMergeBuilder:  # noqa: A002
+    def whenMatchedUpdate(self, condition: ExprLike | None = None,
+                          set: Mapping[str, ExprLike] | None = None) -> DeltaMergeBuilder:
         if not set:
             raise ValueError("whenMatchedUpdate needs set={column: value, ...}; use whenMatchedUpdateAll for *")
         return self._add("matched", "update", condition, set)
 
-    def whenMatchedUpdateAll(self, condition: ExprLike | None = None) -> DeltaMergeBuilder:  # noqa: N802
+    def whenMatchedUpdateAll(self, condition: ExprLike | None = None) -> DeltaMergeBuilder:
         return self._add("matched", "update_all", condition)
 
-    def whenMatchedDelete(self, condition: ExprLike | None = None) -> DeltaMergeBuilder:  # noqa: N802
+    def whenMatchedDelete(self, condition: ExprLike | None = None) -> DeltaMergeBuilder:
         return self._add("matched", "delete", condition)
 
-    def whenNotMatchedInsert(self, condition: ExprLike | None = None,  # noqa: N802
+    def whenNotMatchedInsert(self, condition: ExprLike | None = None,
                              values: Mapping[str, ExprLike] | None = None) -> DeltaMergeBuilder:
         if not values:
             raise ValueError("whenNotMatchedInsert needs values={column: value, ...}; use "
                              "whenNotMatchedInsertAll for *")
         return self._add("not_matched", "insert", condition, values)
 
-    def whenNotMatchedInsertAll(self, condition: ExprLike | None = None) -> DeltaMergeBuilder:  # noqa: N802
+    def whenNotMatchedInsertAll(self, condition: ExprLike | None = None) -> DeltaMergeBuilder:
         return self._add("not_matched", "insert_all", condition)
 
-    def whenNotMatchedBySourceUpdate(self, condition: ExprLike | None = None,  # noqa: N802
-                                     set: Mapping[str, ExprLike] | None = None) -> DeltaMergeBuilder:  # noqa: A002
+    def whenNotMatchedBySourceUpdate(self, condition: ExprLike | None = None,
+                                     set: Mapping[str, ExprLike] | None = None) -> DeltaMergeBuilder:
         if not set:
             raise ValueError("whenNotMatchedBySourceUpdate needs set={column: value, ...}")
         return self._add("not_matched_by_source", "update", condition, set)
 
-    def whenNotMatchedBySourceDelete(self, condition: ExprLike | None = None) -> DeltaMergeBuilder:  # noqa: N802
+    def whenNotMatchedBySourceDelete(self, condition: ExprLike | None = None) -> DeltaMergeBuilder:
         return self._add("not_matched_by_source", "delete", condition)
 
-    def withSchemaEvolution(self) -> DeltaMergeBuilder:  # noqa: N802
+    def withSchemaEvolution(self) -> DeltaMergeBuilder:
         """Let ``UPDATE SET *`` / ``INSERT *`` add the source's new top-level columns."""
         return dataclasses.replace(self, schema_evolution=True)
 
-    def withOptions(self, **options: object) -> DeltaMergeBuilder:  # noqa: N802
+    def withOptions(self, **options: object) -> DeltaMergeBuilder:
         """Override MergeOptions fields (materialize_source, storage_levels, max_attempts, ...)."""
         return dataclasses.replace(self, options=dataclasses.replace(self.options, **options))  # type: ignore[arg-type]
 

@@ -72,7 +72,7 @@ class MergeRequest:
     condition: Column
     clauses: Sequence[MergeClause]
     schema_evolution: bool = False
-    options: MergeOptions = MergeOptions()
+    options: MergeOptions = field(default_factory=MergeOptions)
     app_id: str | None = None
     app_version: int | None = None
 

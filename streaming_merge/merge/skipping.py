@@ -19,7 +19,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import pyarrow as pa
 from pyspark.sql import Column, DataFrame, SparkSession
@@ -161,7 +161,7 @@ def target_only_conjuncts(conditions: Sequence[Column], scope: ColumnScope) -> l
 class StatsPredicate:
     """Turns a target-only expression into "this file may hold a matching row"."""
 
-    _FLIP = {"LessThan": "GreaterThan", "LessThanOrEqual": "GreaterThanOrEqual",
+    _FLIP: ClassVar[dict[str, str]] = {"LessThan": "GreaterThan", "LessThanOrEqual": "GreaterThanOrEqual",
              "GreaterThan": "LessThan", "GreaterThanOrEqual": "LessThanOrEqual", "EqualTo": "EqualTo"}
 
     def __init__(self, scope: ColumnScope, stats: StatsColumns) -> None:

@@ -26,20 +26,20 @@ log = logging.getLogger(__name__)
 class MergeProgress:
     """What one micro-batch did to the target table."""
 
-    batchId: int  # noqa: N815 (Spark's progress field names)
-    appId: str  # noqa: N815
-    tableVersion: int | None  # noqa: N815
+    batchId: int
+    appId: str
+    tableVersion: int | None
     skipped: bool
     attempts: int
-    numInputRows: int  # noqa: N815
-    numRowsAfterDedupe: int  # noqa: N815
-    numNullKeyRows: int  # noqa: N815
-    numLateRowsDropped: int  # noqa: N815
-    durationMs: Mapping[str, int]  # noqa: N815  materialize, dedupe, merge, commit, total
+    numInputRows: int
+    numRowsAfterDedupe: int
+    numNullKeyRows: int
+    numLateRowsDropped: int
+    durationMs: Mapping[str, int]
     metrics: Mapping[str, int]
     timestamp: str
     target: str
-    deadLetterRows: int = 0  # noqa: N815
+    deadLetterRows: int = 0
     extra: Mapping[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
@@ -51,7 +51,7 @@ class MergeProgress:
     def json(self) -> str:
         return json.dumps(self.to_dict(), sort_keys=False)
 
-    def prettyJson(self) -> str:  # noqa: N802 (as StreamingQueryProgress)
+    def prettyJson(self) -> str:
         return json.dumps(self.to_dict(), indent=2)
 
     def summary(self) -> str:
@@ -102,10 +102,10 @@ class MergeProgressListener(StreamingQueryListener):
         self._sink = sink
         self._on_progress = on_progress
 
-    def onQueryStarted(self, event: Any) -> None:  # noqa: N802 (Spark's callback names)
+    def onQueryStarted(self, event: Any) -> None:
         pass
 
-    def onQueryProgress(self, event: Any) -> None:  # noqa: N802
+    def onQueryProgress(self, event: Any) -> None:
         progress = event.progress
         spark_record = json.loads(progress.json)
         merge = self._sink.progress_for(progress.batchId)
@@ -115,8 +115,8 @@ class MergeProgressListener(StreamingQueryListener):
         except Exception:  # a failing callback must not kill Spark's listener bus
             log.exception("on_progress callback failed for batch %s", progress.batchId)
 
-    def onQueryIdle(self, event: Any) -> None:  # noqa: N802
+    def onQueryIdle(self, event: Any) -> None:
         pass
 
-    def onQueryTerminated(self, event: Any) -> None:  # noqa: N802
+    def onQueryTerminated(self, event: Any) -> None:
         pass

@@ -110,12 +110,12 @@ class MergeSink:
     # ------------------------------------------------------------------ progress
 
     @property
-    def lastProgress(self) -> dict[str, Any] | None:  # noqa: N802 (as StreamingQuery)
+    def lastProgress(self) -> dict[str, Any] | None:
         last = self._progress.last()
         return last.to_dict() if last is not None else None
 
     @property
-    def recentProgress(self) -> list[dict[str, Any]]:  # noqa: N802
+    def recentProgress(self) -> list[dict[str, Any]]:
         return [p.to_dict() for p in self._progress.all()]
 
     def progress_for(self, batch_id: int) -> MergeProgress | None:

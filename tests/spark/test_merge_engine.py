@@ -34,8 +34,9 @@ def rows(path: str) -> list[dict[str, Any]]:
 
 
 def live_files(path: str) -> set[str]:
-    import pyarrow as pa
     from urllib.parse import unquote
+
+    import pyarrow as pa
 
     return {unquote(p) for p in pa.table(deltalake.DeltaTable(path).get_add_actions()).column("path").to_pylist()}
 
