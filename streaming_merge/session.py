@@ -6,6 +6,9 @@ run is quiet and fast (few shuffle partitions, no UI unless asked).
 
 from __future__ import annotations
 
+import os
+import sys
+
 from pyspark.sql import SparkSession
 
 
@@ -17,7 +20,13 @@ def local_session(
     shuffle_partitions: int = 4,
     extra_conf: dict[str, str] | None = None,
 ) -> SparkSession:
-    """Get or create a local SparkSession configured for small-to-medium data."""
+    """Get or create a local SparkSession configured for small-to-medium data.
+
+    Python workers (the Kafka source's readers) run this interpreter, so they import the
+    same streaming_merge as the driver.
+    """
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     builder = (
         SparkSession.builder.appName(app_name)
         .master(master)

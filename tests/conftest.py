@@ -23,7 +23,6 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 def spark() -> Iterator[object]:
     from streaming_merge.session import local_session
 
-    os.environ.setdefault("PYSPARK_PYTHON", os.sys.executable)  # type: ignore[attr-defined]
     session = local_session("streaming_merge-tests", "local[2]", shuffle_partitions=2)
     yield session
     session.stop()
