@@ -150,17 +150,27 @@ def create_target(spark: SparkSession, table: pa.Table, path: str, n_files: int)
 # --------------------------------------------------------------------------- variants
 
 
-def bare_merge(spark: SparkSession, path: str) -> Callable[[DataFrame, int], None]:
-    """Variant A: the MERGE a user would write in foreachBatch, with no sink around it."""
+class BareMerge:
+    """Variant A: the MERGE a user would write in foreachBatch, with no sink around it.
 
-    def run(batch: DataFrame, batch_id: int) -> None:
-        (DeltaTable.forPath(spark, path).alias("t").merge(batch.alias("s"), "t.id = s.id")
-         .whenMatchedDelete("s.op = 'd'")
-         .whenMatchedUpdateAll("s.op != 'd'")
-         .whenNotMatchedInsertAll("s.op != 'd'")
-         .execute())
+    Keeps each batch's engine timings so the sink's 'merge' phase (scan + rewrite) can be set
+    against the same phase of a bare MERGE: a difference there is not wrapper overhead but a
+    costlier source handed to the engine.
+    """
 
-    return run
+    def __init__(self, spark: SparkSession, path: str) -> None:
+        self._spark = spark
+        self._path = path
+        self.timings: dict[int, dict[str, int]] = {}
+
+    def __call__(self, batch: DataFrame, batch_id: int) -> None:
+        metrics = (DeltaTable.forPath(self._spark, self._path).alias("t").merge(batch.alias("s"), "t.id = s.id")
+                   .whenMatchedDelete("s.op = 'd'")
+                   .whenMatchedUpdateAll("s.op != 'd'")
+                   .whenNotMatchedInsertAll("s.op != 'd'")
+                   .execute())
+        self.timings[batch_id] = {k: int(metrics[k] or 0) for k in ("scanTimeMs", "rewriteTimeMs",
+                                                                    "executionTimeMs")}
 
 
 def make_sink(path: str, tombstones: bool) -> MergeSink:
@@ -177,7 +187,9 @@ def percentile(values: Sequence[float], q: float) -> float:
     return float(np.percentile(np.asarray(values, dtype=float), q))
 
 
-def summarize(values: Sequence[float]) -> dict[str, float]:
+def summarize(values: Sequence[float]) -> dict[str, float | None]:
+    if not values:
+        return {"median_ms": None, "p90_ms": None, "mean_ms": None, "min_ms": None, "max_ms": None}
     return {
         "median_ms": statistics.median(values),
         "p90_ms": percentile(values, 90),
@@ -187,9 +199,21 @@ def summarize(values: Sequence[float]) -> dict[str, float]:
     }
 
 
+def bare_phase_medians(timings: Sequence[dict[str, int]]) -> dict[str, float]:
+    """A's engine timings in the sink's phase names: merge = scan + rewrite (as the sink counts
+    it), commit = executionTimeMs - merge (snapshot load + resolution, as the sink counts it)."""
+    if not timings:
+        return {}
+    merge = [t["scanTimeMs"] + t["rewriteTimeMs"] for t in timings]
+    return {"merge": statistics.median(merge),
+            "commit": statistics.median(t["executionTimeMs"] - m for t, m in zip(timings, merge, strict=True))}
+
+
 def phase_medians(progress: Sequence[dict[str, Any]]) -> dict[str, float]:
     """Median per sink phase, plus 'unaccounted' (total minus the four named phases)."""
     out: dict[str, float] = {}
+    if not progress:
+        return out
     for phase in PHASES:
         out[phase] = statistics.median(float(p["durationMs"].get(phase, 0)) for p in progress)
     out["unaccounted"] = statistics.median(
@@ -246,8 +270,36 @@ def _first_difference(expected: pa.Table, actual: pa.Table) -> str:
 # --------------------------------------------------------------------------- run
 
 
+def overhead(stats: dict[str, dict[str, float | None]]) -> dict[str, float | None]:
+    """Differences of medians (not medians of per-batch differences: the calls are not paired
+    closely enough, with rotation, for a per-batch difference to mean more)."""
+    med = {name: stats[name]["median_ms"] for name in VARIANTS}
+
+    def diff(x: str, y: str) -> float | None:
+        mx, my = med[x], med[y]
+        return None if mx is None or my is None else mx - my
+
+    def ratio(x: str, y: str) -> float | None:
+        mx, my = med[x], med[y]
+        return None if mx is None or not my else mx / my
+
+    return {"B_minus_A_median_ms": diff("B", "A"), "C_minus_A_median_ms": diff("C", "A"),
+            "B_minus_C_median_ms": diff("B", "C"), "B_over_A": ratio("B", "A"), "C_over_A": ratio("C", "A")}
+
+
+def parse_conf(pairs: Sequence[str]) -> dict[str, str]:
+    conf: dict[str, str] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep:
+            raise SystemExit(f"--conf needs KEY=VALUE, got {pair!r}")
+        conf[key.strip()] = value.strip()
+    return conf
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    spark = local_session("bench", "local[2]")
+    conf = parse_conf(args.conf)
+    spark = local_session("bench", "local[2]", extra_conf=conf)
     workdir = Path(args.workdir or tempfile.mkdtemp(prefix="sink_overhead_"))
     workdir.mkdir(parents=True, exist_ok=True)
     total_batches = args.warmup + args.batches
@@ -265,41 +317,55 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
               f"workdir {workdir}", flush=True)
 
         sinks = {"B": make_sink(paths["B"], tombstones=True), "C": make_sink(paths["C"], tombstones=False)}
-        calls: dict[str, Callable[[DataFrame, int], None]] = {"A": bare_merge(spark, paths["A"]), **sinks}
+        bare = BareMerge(spark, paths["A"])
+        calls: dict[str, Callable[[DataFrame, int], None]] = {"A": bare, **sinks}
         times: dict[str, list[float]] = {name: [] for name in VARIANTS}
+        # A variant that raises is dropped for the rest of the run (its table no longer matches the
+        # others, so timing it further would compare different work), and the run still reports.
+        failures: dict[str, dict[str, Any]] = {}
         for batch_id, batch in enumerate(batches):
             shift = batch_id % len(VARIANTS)
-            order = VARIANTS[shift:] + VARIANTS[:shift]
-            this_batch: dict[str, float] = {}
+            order = [name for name in VARIANTS[shift:] + VARIANTS[:shift] if name not in failures]
+            this_batch: dict[str, str] = {name: "failed" for name in VARIANTS}
             for name in order:
                 gc.collect()
                 started = time.perf_counter()
-                calls[name](batch, batch_id)
-                this_batch[name] = (time.perf_counter() - started) * 1000.0
-            if batch_id >= args.warmup:
-                for name in VARIANTS:
-                    times[name].append(this_batch[name])
+                try:
+                    calls[name](batch, batch_id)
+                except Exception as exc:
+                    failures[name] = {"batch_id": batch_id, "error": type(exc).__name__,
+                                      "message": _first_line(exc), "where": _innermost_frame(exc)}
+                    print(f"  ✗ {name} ({LABELS[name]}) raised on batch {batch_id}: {type(exc).__name__}: "
+                          f"{_first_line(exc)} at {failures[name]['where']}", flush=True)
+                    continue
+                elapsed = (time.perf_counter() - started) * 1000.0
+                this_batch[name] = f"{elapsed:6.0f}ms"
+                if batch_id >= args.warmup:
+                    times[name].append(elapsed)
             kind = "warm-up" if batch_id < args.warmup else "timed"
-            print(f"  batch {batch_id:3d} {kind:<7} order {''.join(order)}: "
-                  + "  ".join(f"{name}={this_batch[name]:6.0f}ms" for name in VARIANTS), flush=True)
+            print(f"  batch {batch_id:3d} {kind:<7} order {''.join(order):<3}: "
+                  + "  ".join(f"{name}={this_batch[name]:>8}" for name in VARIANTS), flush=True)
 
         stats = {name: summarize(times[name]) for name in VARIANTS}
         progress = {name: [p for p in sink.recentProgress if p["batchId"] >= args.warmup and not p["skipped"]]
                     for name, sink in sinks.items()}
         phases = {name: phase_medians(records) for name, records in progress.items()}
+        phases["A"] = bare_phase_medians([t for b, t in bare.timings.items() if b >= args.warmup])
         expected_rows = args.target_rows + sum(c["inserts"] - c["deletes"] for c in workload.counts)
         checks = check_tables(paths, expected_rows)
+        for name, failure in failures.items():
+            checks[name].equal_to_a = False
+            checks[name].detail = f"raised on batch {failure['batch_id']}: {failure['error']}"
         tombstone_path = f"{paths['B']}_tombstones"
         tombstone_rows = deltalake.DeltaTable(tombstone_path).to_pyarrow_table().num_rows \
             if os.path.isdir(tombstone_path) else None
-        a = stats["A"]["median_ms"]
         result = {
             "benchmark": "sink_overhead",
             "created": datetime.now(UTC).isoformat(timespec="seconds"),
             "config": {
                 "target_rows": args.target_rows, "target_files": args.target_files, "batches": args.batches,
                 "warmup": args.warmup, "batch_rows": args.batch_rows, "seed": args.seed,
-                "batch_mix": workload.counts[0], "master": "local[2]",
+                "batch_mix": workload.counts[0], "master": "local[2]", "spark_conf": conf,
             },
             "environment": {
                 "python": platform.python_version(), "pyspark": pyspark.__version__,
@@ -307,13 +373,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             },
             "variants": {name: {"label": LABELS[name], **stats[name], "ms": times[name]}
                          for name in VARIANTS},
-            "overhead": {
-                "B_minus_A_median_ms": stats["B"]["median_ms"] - a,
-                "C_minus_A_median_ms": stats["C"]["median_ms"] - a,
-                "B_minus_C_median_ms": stats["B"]["median_ms"] - stats["C"]["median_ms"],
-                "B_over_A": stats["B"]["median_ms"] / a,
-                "C_over_A": stats["C"]["median_ms"] / a,
-            },
+            "overhead": overhead(stats),
+            "failures": failures,
             "sink_phases_median_ms": phases,
             "sink_progress": {name: [p["durationMs"] for p in records] for name, records in progress.items()},
             "check": {name: {"ok": c.ok, "rows": c.rows, "expected_rows": c.expected_rows,
@@ -327,38 +388,62 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         return result
     finally:
         if not args.keep:
-            shutil.rmtree(workdir, ignore_errors=True)
-            shutil.rmtree(f"{workdir / 'B'}_tombstones", ignore_errors=True)
+            shutil.rmtree(workdir, ignore_errors=True)  # the tombstone table is inside it too
 
 
 def _num_files(path: str) -> int:
     return len(deltalake.DeltaTable(path).file_uris())
 
 
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0][:300] if text else ""
+
+
+def _innermost_frame(exc: BaseException) -> str:
+    """file:line of the deepest streaming_merge frame, so a failure points at the library code."""
+    tb, where = exc.__traceback__, ""
+    while tb is not None:
+        filename = tb.tb_frame.f_code.co_filename
+        if "streaming_merge" in filename:
+            where = f"{filename.split('streaming_merge/')[-1]}:{tb.tb_lineno} ({tb.tb_frame.f_code.co_name})"
+        tb = tb.tb_next
+    return where or "?"
+
+
+def _fmt(value: float | None, spec: str = "9.0f") -> str:
+    width = int(spec.split(".")[0].lstrip("+") or 0)
+    return f"{value:{spec}}" if value is not None else f"{'n/a':>{width}}"
+
+
 def report(result: dict[str, Any]) -> None:
     """The human-readable summary; the JSON holds the same numbers and every raw time."""
     cfg = result["config"]
     print(f"\n{cfg['batches']} timed batches of {cfg['batch_rows']} rows into {cfg['target_rows']} rows "
-          f"({cfg['warmup']} warm-up), ms per batch:")
-    print(f"  {'variant':<34}{'median':>9}{'p90':>9}{'mean':>9}{'min':>9}{'max':>9}")
+          f"({cfg['warmup']} warm-up), ms per batch" + (f", conf {cfg['spark_conf']}" if cfg["spark_conf"] else "")
+          + ":")
+    print(f"  {'variant':<34}{'n':>4}{'median':>9}{'p90':>9}{'mean':>9}{'min':>9}{'max':>9}")
     for name, v in result["variants"].items():
-        print(f"  {name} {v['label']:<32}{v['median_ms']:9.0f}{v['p90_ms']:9.0f}{v['mean_ms']:9.0f}"
-              f"{v['min_ms']:9.0f}{v['max_ms']:9.0f}")
+        print(f"  {name} {v['label']:<32}{len(v['ms']):4d}" + "".join(
+            _fmt(v[k]) for k in ("median_ms", "p90_ms", "mean_ms", "min_ms", "max_ms")))
     o = result["overhead"]
-    print(f"  overhead (median): B-A = {o['B_minus_A_median_ms']:+.0f} ms, "
-          f"C-A = {o['C_minus_A_median_ms']:+.0f} ms, tombstones B-C = {o['B_minus_C_median_ms']:+.0f} ms; "
-          f"B/A = {o['B_over_A']:.2f}, C/A = {o['C_over_A']:.2f}")
-    print("  sink phases, median ms (from recentProgress durationMs):")
+    print(f"  overhead (median): B-A = {_fmt(o['B_minus_A_median_ms'], '+.0f')} ms, "
+          f"C-A = {_fmt(o['C_minus_A_median_ms'], '+.0f')} ms, "
+          f"tombstones B-C = {_fmt(o['B_minus_C_median_ms'], '+.0f')} ms; "
+          f"B/A = {_fmt(o['B_over_A'], '.2f')}, C/A = {_fmt(o['C_over_A'], '.2f')}")
+    print("  sink phases, median ms over timed batches (from recentProgress durationMs):")
     names = [*PHASES, "unaccounted"]
     print("    " + "".join(f"{n:>13}" for n in ("", *names)))
     for name, phases in result["sink_phases_median_ms"].items():
-        print(f"    {name:>13}" + "".join(f"{phases[n]:13.0f}" for n in names))
+        print(f"    {name:>13}" + "".join(_fmt(phases.get(n), "13.0f") for n in names))
     print("  check (sorted id, amount, status vs A; read with delta-rs):")
     for name, c in result["check"].items():
         mark = "✓" if c["ok"] else "✗"
         print(f"    {mark} {name}: {c['rows']} rows (expected {c['expected_rows']}), columns {c['columns']}"
               + (f" — {c['detail']}" if c["detail"] else ""))
     print(f"  tombstone table rows (B): {result['tombstone_rows']}; live files: {result['final_files']}")
+    for name, f in result["failures"].items():
+        print(f"  ✗ {name} failed on batch {f['batch_id']}: {f['error']}: {f['message']} at {f['where']}")
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
@@ -374,6 +459,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                         help="JSON output (default bench/results/sink_overhead[_quick].json)")
     parser.add_argument("--workdir", default=None, help="where the tables go (default: a temp dir)")
     parser.add_argument("--keep", action="store_true", help="keep the tables afterwards")
+    parser.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE",
+                        help="extra Spark conf for the session, repeatable (applies to every variant)")
     args = parser.parse_args(argv)
     if args.quick:
         args.batches, args.target_rows = 5, 10_000

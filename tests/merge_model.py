@@ -39,7 +39,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from merge_exprs import Expr, Row
+from tests.merge_exprs import Expr, Row
 
 Kind = Literal["matched", "not_matched", "not_matched_by_source"]
 Action = Literal["update", "update_all", "delete", "insert", "insert_all"]

@@ -21,7 +21,8 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from hypothesis import strategies as st
-from merge_exprs import (
+
+from tests.merge_exprs import (
     BOTH,
     COLUMNS,
     ON_CONDITIONS,
@@ -35,7 +36,7 @@ from merge_exprs import (
     not_,
     or_,
 )
-from merge_model import KINDS, Action, Clause, Kind, merge_sql
+from tests.merge_model import KINDS, Action, Clause, Kind, merge_sql
 
 Row = dict[str, Any]
 Layout = Literal["single", "round_robin", "by_key"]

@@ -132,7 +132,8 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         else:
             missing = [t for t in self._options.topics if t not in available]
             if missing:
-                raise KafkaSourceError(f"Subscribed topic(s) {missing} do not exist on {self._options.bootstrap_servers}.")
+                raise KafkaSourceError(
+                    f"Subscribed topic(s) {missing} do not exist on {self._options.bootstrap_servers}.")
             topics = list(self._options.topics)
         return [TopicPartition(t, p) for t in topics for p in sorted(client.partitions_for_topic(t) or ())]
 

@@ -14,10 +14,11 @@ from typing import Any
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from merge_exprs import BOTH, COLUMN_TYPES, COLUMNS, ON_CONDITIONS, PREDICATES, VALUES, Expr
-from merge_strategies import assignments, conditions, table_rows
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
+
+from tests.merge_exprs import BOTH, COLUMN_TYPES, COLUMNS, ON_CONDITIONS, PREDICATES, VALUES, Expr
+from tests.merge_strategies import assignments, conditions, table_rows
 
 TARGET_DDL = "tid INT, " + ", ".join(f"{c} {COLUMN_TYPES[c]}" for c in COLUMNS)
 SOURCE_DDL = "sid INT, " + ", ".join(f"{c} {COLUMN_TYPES[c]}" for c in COLUMNS) + ", x INT"

@@ -32,8 +32,12 @@ from typing import Any
 import deltalake
 import pytest
 from hypothesis import HealthCheck, example, given, note, settings
-from merge_exprs import COLUMN_TYPES, COLUMNS, S, T, and_, eq, gt, is_null, lit, null_safe_eq
-from merge_model import (
+from pyspark.sql import DataFrame, SparkSession
+
+from streaming_merge import DeltaTable
+from streaming_merge.errors import MergeAnalysisError, MultipleSourceRowMatchingTargetRowError
+from tests.merge_exprs import COLUMN_TYPES, COLUMNS, S, T, and_, eq, gt, is_null, lit, null_safe_eq
+from tests.merge_model import (
     COUNT_KEYS,
     Clause,
     InvalidClauses,
@@ -47,11 +51,7 @@ from merge_model import (
     not_matched_insert,
     not_matched_insert_all,
 )
-from merge_strategies import MergeCase, MergeStep, merge_cases
-from pyspark.sql import DataFrame, SparkSession
-
-from streaming_merge import DeltaTable
-from streaming_merge.errors import MergeAnalysisError, MultipleSourceRowMatchingTargetRowError
+from tests.merge_strategies import MergeCase, MergeStep, merge_cases
 
 Row = dict[str, Any]
 TARGET_DDL = ", ".join(f"{c} {COLUMN_TYPES[c]}" for c in COLUMNS)

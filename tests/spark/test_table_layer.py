@@ -308,6 +308,7 @@ def test_partitioned_by_decimal_and_timestamp_ntz_and_removed(spark: SparkSessio
 
 def test_legacy_rebase_session_still_writes_proleptic_dates(spark: SparkSession, table_path: str) -> None:
     key = "spark.sql.parquet.datetimeRebaseModeInWrite"
+    previous = spark.conf.get(key)
     spark.conf.set(key, "LEGACY")
     try:
         df = spark.createDataFrame([(1, dt.date(1000, 1, 1), dt.datetime(1200, 3, 1, tzinfo=UTC))],
@@ -315,7 +316,7 @@ def test_legacy_rebase_session_still_writes_proleptic_dates(spark: SparkSession,
         create_table(spark, df, table_path)
         assert spark.conf.get(key) == "LEGACY"  # the session's setting is restored
     finally:
-        spark.conf.unset(key)
+        spark.conf.set(key, previous)
     assert _delta_rs_rows(table_path) == _source_rows(df)
 
 

@@ -10,7 +10,8 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from merge_exprs import (
+
+from tests.merge_exprs import (
     COLUMNS,
     PREDICATES,
     VALUES,
@@ -34,7 +35,7 @@ from merge_exprs import (
     sql_or,
     upper,
 )
-from merge_model import (
+from tests.merge_model import (
     COUNT_KEYS,
     Clause,
     InvalidClauses,
