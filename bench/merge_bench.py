@@ -184,8 +184,7 @@ class Check:
             self.rows == self.expected_rows
             and self.distinct_ids == self.expected_rows
             and self.fresh_rows == self.expected_fresh
-            and abs(self.fresh_amount_sum - self.expected_amount_sum)
-            <= 1e-6 * max(1.0, self.expected_amount_sum)
+            and abs(self.fresh_amount_sum - self.expected_amount_sum) <= 1e-6 * max(1.0, self.expected_amount_sum)
         )
 
 
@@ -231,9 +230,7 @@ def _live_files(path: Path) -> dict[str, int]:
 
 def _check_delta(path: Path, n_target: int, batch: Batch) -> Check:
     """Read the merged table with delta-rs (an independent reader for ours) and count."""
-    table = (
-        deltalake.DeltaTable(str(path)).to_pyarrow_dataset().to_table(columns=["id", "amount", "updated_at"])
-    )
+    table = deltalake.DeltaTable(str(path)).to_pyarrow_dataset().to_table(columns=["id", "amount", "updated_at"])
     fresh = table.filter(pc.greater_equal(table["updated_at"].cast(pa.int64()), _BATCH_TS_US))
     return Check(
         rows=table.num_rows,
@@ -277,9 +274,7 @@ class Engine:
         master = workdir / f"warmup_master_{self.name}"
         if not master.exists():
             write_target(make_target(2_000, seed=99), master, n_files=2)
-        result = self.run(
-            master, workdir / f"warmup_run_{self.name}", 2_000, make_batch(2_000, 200, "uniform", 99)
-        )
+        result = self.run(master, workdir / f"warmup_run_{self.name}", 2_000, make_batch(2_000, 200, "uniform", 99))
         shutil.rmtree(workdir / f"warmup_run_{self.name}", ignore_errors=True)
         if result.error or result.check is None or not result.check.ok:
             raise RuntimeError(f"warm-up merge failed for {self.name}: {result.error or result.check}")
@@ -503,20 +498,14 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         default=",".join(DEFAULT_ENGINES),
         help=f"comma-separated subset of {','.join(ALL_ENGINES)}",
     )
-    parser.add_argument(
-        "--repeat", type=int, default=1, help="timed runs per engine and scenario (median shown)"
-    )
+    parser.add_argument("--repeat", type=int, default=1, help="timed runs per engine and scenario (median shown)")
     parser.add_argument("--target-files", type=int, default=20, help="files in the target table (default 20)")
     parser.add_argument("--seed", type=int, default=42)
     parser.add_argument("--threads", type=int, default=2, help="DuckDB threads (match Spark's local[2])")
     parser.add_argument("--out", default="bench/results/latest.json")
-    parser.add_argument(
-        "--workdir", default=None, help="scratch folder (default: a new temp dir, deleted after)"
-    )
+    parser.add_argument("--workdir", default=None, help="scratch folder (default: a new temp dir, deleted after)")
     parser.add_argument("--keep", action="store_true", help="keep the scratch folder and merged tables")
-    parser.add_argument(
-        "--quick", action="store_true", help="smoke run: 100k target, batch 10k, uniform only"
-    )
+    parser.add_argument("--quick", action="store_true", help="smoke run: 100k target, batch 10k, uniform only")
     args = parser.parse_args(argv)
     quick = args.quick
     args.target_rows = args.target_rows or (100_000 if quick else 1_000_000)
@@ -631,9 +620,7 @@ def run_benchmark(
                 "n_inserts": s.n_inserts,
                 "median_seconds": {name: s.median(name) for name in s.runs},
                 "ratios": _ratios(s),
-                "runs": {
-                    name: [_jsonable(asdict(r) | {"ok": r.ok}) for r in rs] for name, rs in s.runs.items()
-                },
+                "runs": {name: [_jsonable(asdict(r) | {"ok": r.ok}) for r in rs] for name, rs in s.runs.items()},
             }
             for s in scenarios
         ],

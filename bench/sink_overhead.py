@@ -179,6 +179,34 @@ def make_sink(path: str, tombstones: bool) -> MergeSink:
                      tombstones=tombstones)
 
 
+def time_tombstones(sink: MergeSink) -> dict[str, list[float]]:
+    """Split the sink's 'dedupe' phase: wrap the tombstone lookup and upsert of this sink instance.
+
+    The sink reports both inside 'dedupe'; B - C says what they cost together, this says which
+    of the two it is. It reaches into a private attribute, so it degrades to nothing (an empty
+    split) if the sink's internals change, rather than breaking the benchmark.
+    """
+    spent: dict[str, list[float]] = {"drop_late": [], "record": []}
+    tombstones = getattr(sink, "_tombstones", None)
+    if tombstones is None:
+        return spent
+    for method in spent:
+        original = getattr(tombstones, method, None)
+        if original is None:
+            continue
+
+        def timed(*args: Any, _original: Callable[..., Any] = original, _name: str = method,
+                  **kwargs: Any) -> Any:
+            started = time.perf_counter()
+            try:
+                return _original(*args, **kwargs)
+            finally:
+                spent[_name].append((time.perf_counter() - started) * 1000.0)
+
+        setattr(tombstones, method, timed)
+    return spent
+
+
 # --------------------------------------------------------------------------- statistics
 
 
@@ -317,7 +345,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
               f"workdir {workdir}", flush=True)
 
         sinks = {"B": make_sink(paths["B"], tombstones=True), "C": make_sink(paths["C"], tombstones=False)}
+        tombstone_ms = time_tombstones(sinks["B"])
         bare = BareMerge(spark, paths["A"])
+        load_before = os.getloadavg()
         calls: dict[str, Callable[[DataFrame, int], None]] = {"A": bare, **sinks}
         times: dict[str, list[float]] = {name: [] for name in VARIANTS}
         # A variant that raises is dropped for the rest of the run (its table no longer matches the
@@ -346,6 +376,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             print(f"  batch {batch_id:3d} {kind:<7} order {''.join(order):<3}: "
                   + "  ".join(f"{name}={this_batch[name]:>8}" for name in VARIANTS), flush=True)
 
+        load_after = os.getloadavg()
         stats = {name: summarize(times[name]) for name in VARIANTS}
         progress = {name: [p for p in sink.recentProgress if p["batchId"] >= args.warmup and not p["skipped"]]
                     for name, sink in sinks.items()}
@@ -370,12 +401,16 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "environment": {
                 "python": platform.python_version(), "pyspark": pyspark.__version__,
                 "deltalake": deltalake.__version__, "cpus": os.cpu_count(), "platform": platform.platform(),
+                "loadavg_before": load_before, "loadavg_after": load_after,
             },
             "variants": {name: {"label": LABELS[name], **stats[name], "ms": times[name]}
                          for name in VARIANTS},
             "overhead": overhead(stats),
             "failures": failures,
             "sink_phases_median_ms": phases,
+            # one call per batch each, so the last --batches values are the timed batches
+            "tombstone_split_median_ms": {k: statistics.median(v[-args.batches:]) if v else None
+                                          for k, v in tombstone_ms.items()},
             "sink_progress": {name: [p["durationMs"] for p in records] for name, records in progress.items()},
             "check": {name: {"ok": c.ok, "rows": c.rows, "expected_rows": c.expected_rows,
                              "equal_to_A": c.equal_to_a, "columns": c.columns, "detail": c.detail}
@@ -436,6 +471,12 @@ def report(result: dict[str, Any]) -> None:
     print("    " + "".join(f"{n:>13}" for n in ("", *names)))
     for name, phases in result["sink_phases_median_ms"].items():
         print(f"    {name:>13}" + "".join(_fmt(phases.get(n), "13.0f") for n in names))
+    split = result["tombstone_split_median_ms"]
+    print(f"  B's tombstones inside 'dedupe', median ms: lookup (drop_late) {_fmt(split['drop_late'], '.0f')}, "
+          f"upsert (record) {_fmt(split['record'], '.0f')}")
+    env = result["environment"]
+    print(f"  load average (1/5/15 min) before {env['loadavg_before']}, after {env['loadavg_after']} "
+          f"on {env['cpus']} CPUs")
     print("  check (sorted id, amount, status vs A; read with delta-rs):")
     for name, c in result["check"].items():
         mark = "✓" if c["ok"] else "✗"

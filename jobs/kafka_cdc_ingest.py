@@ -29,6 +29,7 @@ from streaming_merge.kafka import debezium
 from streaming_merge.kafka.source import register
 from streaming_merge.session import local_session
 from streaming_merge.table.append import append_rows
+from streaming_merge.table.snapshot import load_snapshot
 
 log = logging.getLogger("jobs.kafka_cdc_ingest")
 
@@ -58,7 +59,7 @@ class MalformedRecordsError(StreamingMergeError):
 def _row_schema(spark: SparkSession, config: IngestConfig, records: DataFrame) -> StructType:
     """The table's schema once it exists (it is the contract), else the given or inferred one."""
     if DeltaTable.isDeltaTable(spark, config.target):
-        schema = DeltaTable.forPath(spark, config.target).toDF().schema
+        schema = load_snapshot(config.target).schema
         return StructType([f for f in schema.fields if f.name not in debezium.METADATA_COLUMNS])
     if config.row_schema:
         return StructType.fromDDL(config.row_schema)

@@ -3,7 +3,6 @@ markers assigned from the folder a test lives in (unit/, spark/, kafka/)."""
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 from pathlib import Path
 

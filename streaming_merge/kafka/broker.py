@@ -338,9 +338,7 @@ class KafkaBrokerClient:
 
     # -- produce -----------------------------------------------------------------------
 
-    def produce(
-        self, topic: str, records: Iterable[RecordInput], partition: int | None = None
-    ) -> list[ProducedRecord]:
+    def produce(self, topic: str, records: Iterable[RecordInput], partition: int | None = None) -> list[ProducedRecord]:
         """Send ``records`` to ``topic`` in order, one record per batch, waiting for each
         acknowledgement, and return where each landed.
 
@@ -631,9 +629,7 @@ class EmbeddedKafka:
         :class:`BrokerFeatureUnsupportedError` on this broker (Tansu lacks CreatePartitions)."""
         self.client().add_partitions(name, total)
 
-    def produce(
-        self, topic: str, records: Iterable[RecordInput], partition: int | None = None
-    ) -> list[ProducedRecord]:
+    def produce(self, topic: str, records: Iterable[RecordInput], partition: int | None = None) -> list[ProducedRecord]:
         """See :meth:`KafkaBrokerClient.produce` (one record per batch)."""
         return self.client().produce(topic, records, partition)
 
@@ -654,4 +650,3 @@ def _terminate_group(process: subprocess.Popen[bytes], timeout_s: float) -> None
             break
         except subprocess.TimeoutExpired:
             logger.warning("embedded Kafka (pid %d) ignored %s for %.0fs", process.pid, sig.name, wait_s)
-

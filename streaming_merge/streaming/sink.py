@@ -35,7 +35,7 @@ from streaming_merge.merge.materialize import (
     materialize,
     release,
 )
-from streaming_merge.merge.metrics import DELTA_METRICS
+from streaming_merge.merge.metrics import DELTA_METRICS, MergeMetrics
 from streaming_merge.streaming.cdc import DELETE_FLAG, CdcSpec, Dedupe, null_key_filter, prepare
 from streaming_merge.streaming.progress import MergeProgress, ProgressLog
 from streaming_merge.streaming.tombstones import Tombstones
@@ -173,7 +173,7 @@ class MergeSink:
         if self._phase_hook:
             self._phase_hook("after_materialize", batch)
         prepare_started = time.monotonic()
-        num_input = batch.count()
+        num_input, null_keys, delete_events = self._batch_counts(batch)
         if num_input == 0:
             self._report(MergeProgress(
                 batchId=batch_id, appId=app_id, tableVersion=None, skipped=False, attempts=attempt,
@@ -181,27 +181,26 @@ class MergeSink:
                 durationMs={"materialize": materialize_ms, "total": _ms(started)}, metrics={},
                 timestamp=_now(), target=self.target))
             return
-        null_keys, dead_letter_rows = self._route_null_keys(spark, batch, batch_id, app_id)
-        source, late = batch, 0
-        if self._spec is not None:
-            source = prepare(batch, self._spec)
-        num_after_dedupe = source.count()
-        if self._tombstones is not None:
-            source, late = self._tombstones.drop_late(spark, source)
-        self._ensure_table(spark, source)
-        if self._tombstones is not None:
-            self._tombstones.record(spark, source, app_id, batch_id)
-        prepare_ms = _ms(prepare_started)
-
-        builder = DeltaTable(spark, self.target, "t").merge(source.alias("s"), self._condition)
-        builder = self._clauses(builder) if self._clauses else self._upsert(builder)
-        options = {"materialize_source": "none"}  # the batch is materialized once, above
-        if self._phase_hook:
-            options["phase_hook"] = self._phase_hook  # type: ignore[assignment]
-        builder = builder.withOptions(**options)
-        if self._schema_evolution:
-            builder = builder.withSchemaEvolution()
-        metrics = builder.execute(app_id=app_id, version=batch_id)
+        dead_letter_rows = self._route_null_keys(spark, batch, batch_id, app_id, null_keys)
+        source, late, num_after_dedupe = batch, 0, num_input - null_keys
+        prepared: DataFrame | None = None
+        try:
+            if self._spec is not None:
+                # Deduplicated once and kept: the tombstone check and both MERGE scans read it.
+                prepared = source = prepare(batch, self._spec).localCheckpoint(eager=True)
+                num_after_dedupe = source.count()
+                if self._phase_hook:
+                    self._phase_hook("after_prepare", source)
+            if self._tombstones is not None:
+                source, late = self._tombstones.drop_late(spark, source)
+            self._ensure_table(spark, source)
+            if self._tombstones is not None and delete_events:
+                self._tombstones.record(spark, source, app_id, batch_id)
+            prepare_ms = _ms(prepare_started)
+            metrics = self._merge(spark, source, app_id, batch_id)
+        finally:
+            if prepared is not None:
+                release(prepared)
         merge_ms = int(metrics["scanTimeMs"] or 0) + int(metrics["rewriteTimeMs"] or 0)
         self._report(MergeProgress(
             batchId=batch_id, appId=app_id, tableVersion=metrics["tableVersion"],  # type: ignore[arg-type]
@@ -211,6 +210,17 @@ class MergeSink:
                         "commit": max(0, int(metrics["executionTimeMs"] or 0) - merge_ms), "total": _ms(started)},
             metrics={name: int(metrics[name] or 0) for name in DELTA_METRICS},
             timestamp=_now(), target=self.target, deadLetterRows=dead_letter_rows))
+
+    def _merge(self, spark: SparkSession, source: DataFrame, app_id: str, batch_id: int) -> MergeMetrics:
+        builder = DeltaTable(spark, self.target, "t").merge(source.alias("s"), self._condition)
+        builder = self._clauses(builder) if self._clauses else self._upsert(builder)
+        options: dict[str, Any] = {"materialize_source": "none"}  # the batch is materialized once, above
+        if self._phase_hook:
+            options["phase_hook"] = self._phase_hook
+        builder = builder.withOptions(**options)
+        if self._schema_evolution:
+            builder = builder.withSchemaEvolution()
+        return builder.execute(app_id=app_id, version=batch_id)
 
     def _upsert(self, builder: DeltaMergeBuilder) -> DeltaMergeBuilder:
         """The CDC preset: newest event per key wins, deletes delete, nothing older wins."""
@@ -222,15 +232,24 @@ class MergeSink:
                 .whenMatchedUpdateAll(condition=f"NOT s.`{DELETE_FLAG}`{guard}")
                 .whenNotMatchedInsertAll(condition=f"NOT s.`{DELETE_FLAG}`"))
 
-    def _route_null_keys(self, spark: SparkSession, batch: DataFrame, batch_id: int, app_id: str
-                         ) -> tuple[int, int]:
+    def _batch_counts(self, batch: DataFrame) -> tuple[int, int, int]:
+        """(rows, rows with a NULL key, delete events) in one pass over the batch."""
+        aggregates = [F.count(F.lit(1))]
+        if self._spec is not None:
+            aggregates.append(F.sum(F.when(null_key_filter(self._spec), 1).otherwise(0)))
+            if self._spec.delete_when is not None:
+                aggregates.append(F.sum(F.when(F.expr(self._spec.delete_when) if isinstance(
+                    self._spec.delete_when, str) else self._spec.delete_when, 1).otherwise(0)))
+        row = batch.agg(*aggregates).collect()[0]
+        values = [int(v or 0) for v in row] + [0, 0]
+        return values[0], values[1], values[2]
+
+    def _route_null_keys(self, spark: SparkSession, batch: DataFrame, batch_id: int, app_id: str,
+                         count: int) -> int:
         """Rows with a NULL key cannot be applied: to the dead-letter table, or fail the batch."""
-        if self._spec is None:
-            return 0, 0
+        if self._spec is None or not count:
+            return 0
         bad = batch.filter(null_key_filter(self._spec))
-        count = bad.count()
-        if not count:
-            return 0, 0
         if self._dead_letter is None:
             raise MergeError(
                 f"Batch {batch_id}: {count} row(s) have NULL in key column(s) {list(self._spec.keys)} and cannot be "
@@ -241,7 +260,7 @@ class MergeSink:
             F.to_json(F.struct(*[F.col(f"`{c}`") for c in batch.columns])).alias("record"),
             F.current_timestamp().alias("recorded_at"))
         append_rows(spark, records, self._dead_letter, app_id, batch_id)
-        return count, count
+        return count
 
     def _ensure_table(self, spark: SparkSession, source: DataFrame) -> None:
         if table_exists(self.target):

@@ -18,7 +18,7 @@ from pyspark.sql import functions as F
 
 from streaming_merge.delta_table import DeltaTable
 from streaming_merge.streaming.cdc import DELETE_FLAG, CdcSpec
-from streaming_merge.table.snapshot import table_exists
+from streaming_merge.table.snapshot import load_snapshot, table_exists
 
 log = logging.getLogger(__name__)
 
@@ -43,7 +43,7 @@ class Tombstones:
 
     def drop_late(self, spark: SparkSession, events: DataFrame) -> tuple[DataFrame, int]:
         """Events minus inserts/updates older than their key's tombstone, and how many went."""
-        if not table_exists(self.path):
+        if not table_exists(self.path) or not any(f.num_records for f in load_snapshot(self.path).files):
             return events, 0
         tombstones = DeltaTable.forPath(spark, self.path).toDF().select(*self._columns).alias("d")
         keys = " AND ".join(f"e.`{k}` = d.`{k}`" for k in self._spec.keys)

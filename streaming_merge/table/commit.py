@@ -1,11 +1,12 @@
 """Commit removes + adds (+ an app transaction) atomically through delta-rs.
 
-The commit is made against the snapshot the operation read (version V), so delta-rs'
-conflict checker sees every commit after V. delta-rs only knows the files we remove,
-not the ones we merely read, so before committing we also check, as Delta's
-OptimisticTransaction does, that no concurrent commit removed a file we read
-(ConcurrentDeleteRead) or added one our read predicate could have matched
-(ConcurrentAppend).
+The operation read version V. Before committing we check every commit after V as Delta's
+OptimisticTransaction does: no concurrent commit may have removed a file we read or remove
+(ConcurrentDeleteRead/DeleteDelete), added one our read predicate could have matched
+(ConcurrentAppend), recorded a txn for our app id (ConcurrentTransaction), or changed the
+metadata or protocol. The commit is then made at exactly the version after the last one we
+checked (delta-rs with ``max_commit_retries=0``): if another commit wins that version, we
+check again and retry, so no commit can slip in between our check and our commit.
 """
 
 from __future__ import annotations
@@ -53,49 +54,74 @@ class CommitRequest:
     concurrent_append_filter: Callable[[Snapshot, list[DataFile]], list[DataFile]] | None = None
 
 
+_MAX_COMMIT_RACES = 20
+
+
 def commit(request: CommitRequest) -> int:
     """Commit and return the new table version; raise ``ConcurrentModificationError`` on a
     conflict (nothing of ours is then visible)."""
     snapshot = request.snapshot
-    _check_concurrent_commits(request)
-    table = open_table(snapshot.table_path, snapshot.version)
+    if request.new_schema is not None and request.new_schema != snapshot.schema:
+        raise DeltaTableError(
+            "delta-rs ignores a schema change inside an append commit; evolve the schema with "
+            "add_columns() first and commit against the snapshot it returns."
+        )
+    if request.removes and (snapshot.configuration.get("delta.appendOnly") or "").lower() == "true":
+        raise DeltaTableError(
+            f"This table is configured to only allow appends (`{snapshot.table_path}`, "
+            f"delta.appendOnly=true); {request.operation} would remove {len(request.removes)} file(s). "
+            "If you would like to permit updates or deletes, set delta.appendOnly=false."
+        )
     now = int(time.time() * 1000)
     actions: list[AddAction | RemoveAction] = [
-        RemoveAction(f.path, True, now, f.size, {k: partition_value_string(v) for k, v in f.partition_values.items()})
+        RemoveAction(f.path, True, now, f.size,
+                     {k: partition_value_string(v) for k, v in f.partition_values.items()})
         for f in request.removes
     ]
     actions += [
-        AddAction(w.path, w.size, w.partition_values, w.modification_time, True, w.stats) for w in request.adds
+        AddAction(w.path, w.size, w.partition_values, w.modification_time, True, w.stats)
+        for w in request.adds
     ]
     transactions = (
         [Transaction(request.app_id, request.app_version)] if request.app_id is not None else None
     )
-    commit_id = uuid.uuid4().hex
     custom = {
         OPERATION_KEY: request.operation,
-        COMMIT_ID_KEY: commit_id,
+        COMMIT_ID_KEY: uuid.uuid4().hex,
         "operationParameters": {k: _text(v) for k, v in request.operation_parameters.items()},
         "operationMetrics": {k: _text(v) for k, v in request.operation_metrics.items()},
     }
-    schema = request.new_schema or snapshot.schema
-    try:
-        table.create_write_transaction(
-            actions,
-            mode="append",
-            schema=RsSchema.from_json(spark_to_delta_json(schema)),
-            partition_by=snapshot.partition_columns or None,
-            commit_properties=CommitProperties(
-                custom_metadata=custom, app_transactions=transactions
-            ),
-        )
-    except CommitFailedError as exc:
-        raise ConcurrentModificationError(
-            f"A concurrent commit to `{snapshot.table_path}` conflicts with this {request.operation} "
-            f"(read version {snapshot.version}): {exc}. Nothing was committed; rerun the operation."
-        ) from exc
-    except DeltaError as exc:
-        raise DeltaTableError(f"Committing {request.operation} to `{snapshot.table_path}` failed: {exc}") from exc
-    return _committed_version(snapshot, commit_id)
+    schema = RsSchema.from_json(spark_to_delta_json(snapshot.schema))
+    for _ in range(_MAX_COMMIT_RACES):
+        checked = _check_concurrent_commits(request)
+        table = open_table(snapshot.table_path, checked.version)
+        try:
+            table.create_write_transaction(
+                actions,
+                mode="append",
+                schema=schema,
+                partition_by=snapshot.partition_columns or None,
+                commit_properties=CommitProperties(
+                    custom_metadata=custom, app_transactions=transactions, max_commit_retries=0
+                ),
+            )
+        except CommitFailedError as exc:
+            if open_table(snapshot.table_path).version() > checked.version:
+                log.info("A commit to %s won version %d; checking it and retrying",
+                         snapshot.table_path, checked.version + 1)
+                continue
+            raise DeltaTableError(
+                f"Committing {request.operation} to `{snapshot.table_path}` failed: {exc}"
+            ) from exc
+        except DeltaError as exc:
+            raise DeltaTableError(
+                f"Committing {request.operation} to `{snapshot.table_path}` failed: {exc}"
+            ) from exc
+        return checked.version + 1
+    raise ConcurrentModificationError(
+        f"{_MAX_COMMIT_RACES} concurrent commits to `{snapshot.table_path}` won the race against this "
+        f"{request.operation} (read version {snapshot.version}); nothing was committed, rerun it."
+    )
 
 
 def add_columns(snapshot: Snapshot, evolved: StructType) -> Snapshot:
@@ -112,12 +138,14 @@ def add_columns(snapshot: Snapshot, evolved: StructType) -> Snapshot:
     try:
         table.alter.add_columns(
             list(RsSchema.from_json(spark_to_delta_json(new_fields)).fields),
-            commit_properties=CommitProperties(custom_metadata={OPERATION_KEY: "ADD COLUMNS (MERGE schema evolution)"}),
+            commit_properties=CommitProperties(
+                custom_metadata={OPERATION_KEY: "ADD COLUMNS (MERGE schema evolution)"}
+            ),
         )
     except CommitFailedError as exc:
         raise ConcurrentModificationError(
-            f"Adding columns {new_fields.fieldNames()} to `{snapshot.table_path}` conflicted with a concurrent "
-            f"commit: {exc}"
+            f"Adding columns {new_fields.fieldNames()} to `{snapshot.table_path}` conflicted with a "
+            f"concurrent commit: {exc}"
         ) from exc
     evolved_snapshot = load_snapshot(snapshot.table_path)
     if evolved_snapshot.version != snapshot.version + 1:
@@ -128,39 +156,34 @@ def add_columns(snapshot: Snapshot, evolved: StructType) -> Snapshot:
     return evolved_snapshot
 
 
-def _committed_version(snapshot: Snapshot, commit_id: str) -> int:
-    """The version our commit landed at (delta-rs may have rebased it past concurrent commits)."""
-    latest = open_table(snapshot.table_path)
-    for entry in latest.history(limit=latest.version() - snapshot.version):
-        if entry.get(COMMIT_ID_KEY) == commit_id:
-            return int(entry["version"])
-    raise DeltaTableError(f"Commit {commit_id} to `{snapshot.table_path}` succeeded but is not in its history.")
-
-
-def _check_concurrent_commits(request: CommitRequest) -> None:
+def _check_concurrent_commits(request: CommitRequest) -> Snapshot:
+    """Check every commit after the read version; return the latest snapshot checked."""
     snapshot = request.snapshot
     latest = load_snapshot(snapshot.table_path)
     if latest.version == snapshot.version:
-        return
+        return latest
+    versions = f"versions {snapshot.version + 1}..{latest.version}"
     if request.app_id is not None:
         applied = latest.transaction_version(request.app_id)
-        if applied is not None and request.app_version is not None and applied >= request.app_version:
+        if applied != snapshot.transaction_version(request.app_id):
             raise ConcurrentModificationError(
-                f"A concurrent commit already recorded transaction {request.app_id!r} version {applied} "
-                f"(>= {request.app_version}) in `{snapshot.table_path}`; this one would apply it twice."
+                f"A concurrent commit ({versions}) recorded transaction {request.app_id!r} version "
+                f"{applied} in `{snapshot.table_path}` while this one (version {request.app_version}) ran; "
+                "rerun it (a batch already applied is then skipped)."
             )
-    if latest.schema != snapshot.schema or latest.partition_columns != snapshot.partition_columns:
+    if (latest.schema != snapshot.schema or latest.partition_columns != snapshot.partition_columns
+            or latest.configuration != snapshot.configuration
+            or latest._table.protocol() != snapshot._table.protocol()):
         raise ConcurrentModificationError(
-            f"The metadata of `{snapshot.table_path}` changed after version {snapshot.version} "
-            f"(now {latest.version}); rerun the {request.operation}."
+            f"The metadata or protocol of `{snapshot.table_path}` changed in {versions}; "
+            f"rerun the {request.operation}."
         )
     live = {f.path for f in latest.files}
-    gone = [f.path for f in request.read_files if f.path not in live]
+    gone = sorted({f.path for f in [*request.read_files, *request.removes] if f.path not in live})
     if gone:
         raise ConcurrentModificationError(
-            f"A concurrent commit (versions {snapshot.version + 1}..{latest.version}) removed files this "
-            f"{request.operation} read from `{snapshot.table_path}`: {gone[:5]}. Nothing was committed; "
-            "rerun the operation."
+            f"A concurrent commit ({versions}) removed files this {request.operation} read from "
+            f"`{snapshot.table_path}`: {gone[:5]}. Nothing was committed; rerun the operation."
         )
     before = {f.path for f in snapshot.files}
     appended = [f for f in latest.files if f.path not in before]
@@ -168,10 +191,11 @@ def _check_concurrent_commits(request: CommitRequest) -> None:
         relevant = request.concurrent_append_filter(latest, appended)
         if relevant:
             raise ConcurrentModificationError(
-                f"A concurrent commit (versions {snapshot.version + 1}..{latest.version}) added files to "
-                f"`{snapshot.table_path}` that this {request.operation} could have matched: "
-                f"{[f.path for f in relevant[:5]]}. Nothing was committed; rerun the operation."
+                f"A concurrent commit ({versions}) added files to `{snapshot.table_path}` that this "
+                f"{request.operation} could have matched: {[f.path for f in relevant[:5]]}. Nothing was "
+                "committed; rerun the operation."
             )
+    return latest
 
 
 def _text(value: Any) -> str:

@@ -25,13 +25,13 @@ import os
 import shutil
 import tempfile
 from collections import Counter
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
 
 import deltalake
 import pytest
-from hypothesis import HealthCheck, example, given, note, settings
+from hypothesis import HealthCheck, currently_in_test_context, example, given, note, settings
 from pyspark.sql import DataFrame, SparkSession
 
 from streaming_merge import DeltaTable
@@ -60,6 +60,15 @@ ON = eq(T["k"], S["k"])
 
 
 # --- helpers ------------------------------------------------------------------------------------
+
+
+def report(text: str) -> None:
+    """Attach ``text`` to a failure report: a hypothesis note inside @given, else printed (pytest
+    shows captured output of failing tests)."""
+    if currently_in_test_context():
+        note(text)
+    else:
+        print(text)
 
 
 @contextmanager
@@ -116,7 +125,7 @@ def delta_rs_state(path: str) -> tuple[int, str]:
     return table.version(), table.schema().to_json()
 
 
-def run_merge(spark: SparkSession, path: str, step: MergeStep) -> Any:
+def run_merge(spark: SparkSession, path: str, step: MergeStep) -> Mapping[str, Any]:
     builder = DeltaTable.forPath(spark, path).alias("t").merge(source_df(spark, step).alias("s"), step.on.sql)
     for clause in step.clauses:
         builder = clause.add_to(builder)
@@ -125,7 +134,7 @@ def run_merge(spark: SparkSession, path: str, step: MergeStep) -> Any:
 
 def check_step(spark: SparkSession, path: str, before: list[Row], step: MergeStep) -> list[Row]:
     """Run one merge, check it against the model, and return the table's rows afterwards."""
-    note(f"MERGE step:\n{step!r}")
+    report(f"MERGE step:\n{step!r}")
     version_before, schema = delta_rs_state(path)
     try:
         expected_rows, counts = apply_merge(before, step.source, step.on, step.clauses, columns=COLUMNS)
@@ -171,7 +180,7 @@ def check_step(spark: SparkSession, path: str, before: list[Row], step: MergeSte
 
 
 def check_case(spark: SparkSession, case: MergeCase) -> None:
-    note(repr(case))
+    report(repr(case))
     with fresh_table_path() as path:
         partition_by = ["p"] if case.partitioned else None
         DeltaTable.createFromDataFrame(target_df(spark, case), path, partitionBy=partition_by)

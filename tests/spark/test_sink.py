@@ -152,11 +152,12 @@ def test_lost_batch_blocks_rerun_the_batch(spark: SparkSession, table_path: str)
     seen: dict[str, Any] = {"lost": False}
 
     def hook(phase: str, frame_: DataFrame) -> None:
-        if phase == "after_materialize":
-            seen["batch"] = frame_
+        if phase in ("after_materialize", "after_prepare"):
+            seen[phase] = frame_
         if phase == "after_find_touched_files" and not seen["lost"]:
-            seen["lost"] = True
-            spark.sparkContext._jsc.sc().unpersistRDD(checkpoint_rdd_id(seen["batch"]), True)
+            seen["lost"] = True  # drop every materialized block the batch has: its copy and its dedupe
+            for name in ("after_materialize", "after_prepare"):
+                spark.sparkContext._jsc.sc().unpersistRDD(checkpoint_rdd_id(seen[name]), True)
 
     sink = cdc_sink(table_path, phase_hook=hook)
     sink(frame(spark, [{"id": 1, "lsn": 1, "op": "c", "name": "a", "amount": 1}]), 0)

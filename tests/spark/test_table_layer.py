@@ -11,9 +11,8 @@ Findings pinned here (see also tests/unit/test_table_units.py):
 - an empty string as a partition value reads back as NULL (Spark's and Delta's rule);
 - the stats of timestamps before year 1000 used to be written as ``999-...`` and were lost;
 - a session in LEGACY datetime rebase mode used to write shifted pre-1582 dates;
-- two commit.py gaps are marked xfail(strict): an append racing the commit slips past
-  ``concurrent_append_filter``, and a refused remove on an append-only table is reported as a
-  retryable ConcurrentModificationError.
+- an append racing the commit is still shown to ``concurrent_append_filter``, and a refused
+  remove on an append-only table is a plain DeltaTableError, not a retryable conflict.
 """
 
 from __future__ import annotations
@@ -468,9 +467,6 @@ def test_concurrent_txn_of_the_same_app_conflicts(spark: SparkSession, table_pat
     assert 100 not in _ids(table_path)
 
 
-@pytest.mark.xfail(strict=True, reason="commit.py: an append landing between _check_concurrent_commits and "
-                   "delta-rs' commit is never shown to concurrent_append_filter (delta-rs treats appends as "
-                   "non-conflicting)")
 def test_append_racing_the_commit_is_seen_by_the_filter(spark: SparkSession, table_path: str) -> None:
     snapshot = _small_table(spark, table_path)
     written = _new_files(spark, snapshot, [(100, "new")])
@@ -488,8 +484,6 @@ def test_append_racing_the_commit_is_seen_by_the_filter(spark: SparkSession, tab
                              read_files=snapshot.files, concurrent_append_filter=relevant_if_it_holds_60))
 
 
-@pytest.mark.xfail(strict=True, reason="commit.py maps every delta-rs CommitFailedError to the retryable "
-                   "ConcurrentModificationError, including the append-only refusal")
 def test_remove_from_an_append_only_table_is_not_a_conflict(spark: SparkSession, tmp_path: Path) -> None:
     path = str(tmp_path / "append_only")
     deltalake.write_deltalake(path, pa.table({"id": pa.array([1, 2], pa.int64()), "v": ["a", "b"]}),
