@@ -19,6 +19,13 @@ the tables stay equal), and the order A/B/C rotates from batch to batch so that 
 nor page cache systematically favours one. Only the call itself is timed (``perf_counter``);
 ``gc.collect()`` runs between calls, outside the timed region. The final tables are compared
 row for row (read back with delta-rs) so a faster variant cannot be a wrong one.
+
+A variant that raises is reported (✗, with the library frame it raised in) and dropped for the
+rest of the run; the others go on, and the exit status is 1. ``--conf KEY=VALUE`` passes Spark
+settings to the one session all variants share, e.g. to work around an engine failure:
+``--conf spark.sql.adaptive.optimizer.excludedRules=org.apache.spark.sql.execution.adaptive.``
+``AQEPropagateEmptyRelation`` (as one value) keeps AQE's empty-relation rewrite from dropping
+the observed source-row count of a MERGE whose candidate files match no source row.
 """
 
 from __future__ import annotations

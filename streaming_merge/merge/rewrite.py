@@ -9,6 +9,7 @@ extra scan (Delta increments SQL metrics inside the same plan for the same reaso
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -27,6 +28,8 @@ from streaming_merge.table.scan import scan_files
 from streaming_merge.table.snapshot import DataFile, Snapshot
 from streaming_merge.table.write import WrittenFile, write_files
 
+log = logging.getLogger(__name__)
+
 COPY = -1
 DROP = -2
 ACTION_COL = "__sm_action__"
@@ -36,6 +39,20 @@ ACTION_COL = "__sm_action__"
 class RewriteResult:
     files: list[WrittenFile]
     counts: dict[str, int]
+
+
+def observed(observation: Observation) -> dict[str, int]:
+    """The observation's counts; all zero when Spark optimized the observed subtree away.
+
+    Spark drops a CollectMetrics node when it proves its input empty (empty-relation
+    propagation, also at run time under AQE) and the observation then never completes.
+    Only an empty input is removed, and every count over an empty input is zero.
+    """
+    try:
+        return {k: int(v or 0) for k, v in observation.get.items()}
+    except Exception as exc:  # Py4JJavaError: the metrics row never arrived
+        log.debug("Observation %s not reported (subtree optimized away as empty): %s", observation, exc)
+        return {}
 
 
 def _first_applicable(clauses: Sequence[ResolvedClause], default: int) -> Column:
@@ -124,8 +141,8 @@ def write_all_changes(
     dropped = [DROP, *_codes(resolved.all, delete=True)]
     output = with_action.filter(~F.col(ACTION_COL).isin(dropped)).select(*_outputs(resolved, resolved.all, True))
     written = _write(spark, snapshot, output, resolved, repartition)
-    counts = {k: int(v or 0) for k, v in out_obs.get.items()}
-    counts["numSourceRowsInSecondScan"] = int(src_obs.get.get("rows", 0) or 0)
+    counts = observed(out_obs)
+    counts["numSourceRowsInSecondScan"] = observed(src_obs).get("rows", 0)
     return RewriteResult(written, counts)
 
 
@@ -154,6 +171,6 @@ def write_inserts_only(
     output = with_action.filter(F.col(ACTION_COL) != DROP).select(
         *_outputs(resolved, resolved.not_matched, copy_from_target=False))
     written = _write(spark, snapshot, output, resolved, repartition)
-    counts = {k: int(v or 0) for k, v in out_obs.get.items()}
-    counts[source_count_metric] = int(src_obs.get.get("rows", 0) or 0)
+    counts = observed(out_obs)
+    counts[source_count_metric] = observed(src_obs).get("rows", 0)
     return RewriteResult(written, counts)

@@ -191,13 +191,17 @@ class MergeSink:
                 num_after_dedupe = source.count()
                 if self._phase_hook:
                     self._phase_hook("after_prepare", source)
+            prepare_ms = _ms(prepare_started)
+            tombstones_started = time.monotonic()
             if self._tombstones is not None:
                 source, late = self._tombstones.drop_late(spark, source)
             self._ensure_table(spark, source)
             if self._tombstones is not None and delete_events:
                 self._tombstones.record(spark, source, app_id, batch_id)
-            prepare_ms = _ms(prepare_started)
+            tombstones_ms = _ms(tombstones_started)
+            execute_started = time.monotonic()
             metrics = self._merge(spark, source, app_id, batch_id)
+            execute_ms = _ms(execute_started)
         finally:
             if prepared is not None:
                 release(prepared)
@@ -206,8 +210,8 @@ class MergeSink:
             batchId=batch_id, appId=app_id, tableVersion=metrics["tableVersion"],  # type: ignore[arg-type]
             skipped=bool(metrics["skipped"]), attempts=attempt, numInputRows=num_input,
             numRowsAfterDedupe=num_after_dedupe, numNullKeyRows=null_keys, numLateRowsDropped=late,
-            durationMs={"materialize": materialize_ms, "dedupe": prepare_ms, "merge": merge_ms,
-                        "commit": max(0, int(metrics["executionTimeMs"] or 0) - merge_ms), "total": _ms(started)},
+            durationMs={"materialize": materialize_ms, "dedupe": prepare_ms, "tombstones": tombstones_ms,
+                        "merge": merge_ms, "commit": max(0, execute_ms - merge_ms), "total": _ms(started)},
             metrics={name: int(metrics[name] or 0) for name in DELTA_METRICS},
             timestamp=_now(), target=self.target, deadLetterRows=dead_letter_rows))
 

@@ -3,7 +3,7 @@
 Once a row is deleted the target holds nothing to compare a late insert's sequence
 against, so the delete's (key, sequence, time) goes into an auxiliary Delta table
 beside the target. Each batch drops its inserts/updates that are older than a
-tombstone of their key, then records its own deletes with the same app transaction
+tombstone of their key, then appends its own deletes with the same app transaction
 as the target's commit (written first, so a crash between the two replays cleanly).
 Tombstones past the retention are purged from time to time.
 """
@@ -18,6 +18,7 @@ from pyspark.sql import functions as F
 
 from streaming_merge.delta_table import DeltaTable
 from streaming_merge.streaming.cdc import DELETE_FLAG, CdcSpec
+from streaming_merge.table.append import append_rows
 from streaming_merge.table.snapshot import load_snapshot, table_exists
 
 log = logging.getLogger(__name__)
@@ -58,19 +59,16 @@ class Tombstones:
         return kept, count
 
     def record(self, spark: SparkSession, events: DataFrame, app_id: str, batch_id: int) -> None:
-        """Upsert this batch's deletes (idempotent through txn(app_id, batch_id))."""
+        """Append this batch's deletes (idempotent through txn(app_id, batch_id)).
+
+        An append rather than an upsert: one file write and a commit, no join. Several
+        tombstones of one key are harmless, since a late event is dropped when *any*
+        tombstone of its key is at least as new.
+        """
         deletes = events.filter(F.col(f"`{DELETE_FLAG}`")).select(
             *[F.col(f"`{c}`") for c in self._columns], F.current_timestamp().alias(DELETED_AT))
-        if not table_exists(self.path):
-            DeltaTable.createFromDataFrame(deletes.limit(0), self.path)
-        table = DeltaTable.forPath(spark, self.path)
-        newer = self._spec.newer(target="t", source="s")
-        (table.alias("t").merge(deletes.alias("s"), self._spec.key_condition())
-         .whenMatchedUpdateAll(condition=newer)
-         .whenNotMatchedInsertAll()
-         .withOptions(materialize_source="none")
-         .execute(app_id=app_id, version=batch_id))
-        if self._purge_every and batch_id % self._purge_every == 0:
+        append_rows(spark, deletes, self.path, app_id, batch_id)
+        if self._purge_every and batch_id > 0 and batch_id % self._purge_every == 0:
             self.purge(spark)
 
     def purge(self, spark: SparkSession, now: dt.datetime | None = None) -> int:
@@ -80,7 +78,9 @@ class Tombstones:
         cutoff = (now or dt.datetime.now(dt.UTC)) - self._retention
         table = DeltaTable.forPath(spark, self.path)
         expired = table.toDF().filter(F.col(DELETED_AT) < F.lit(cutoff)).alias("s")
-        metrics = (table.alias("t").merge(expired, self._spec.key_condition())
+        # The cutoff is in the ON condition too: a key may also hold a newer tombstone, which stays.
+        condition = F.expr(self._spec.key_condition()) & (F.col(f"t.{DELETED_AT}") < F.lit(cutoff))
+        metrics = (table.alias("t").merge(expired, condition)
                    .whenMatchedDelete().withOptions(materialize_source="none").execute())
         deleted = int(metrics["numTargetRowsDeleted"] or 0)
         if deleted:
