@@ -89,6 +89,34 @@ def job_description(spark: SparkSession, status: str) -> Iterator[None]:
         context.setLocalProperty("spark.job.description", previous)  # type: ignore[arg-type]
 
 
+_AQE_EXCLUDED_RULES = "spark.sql.adaptive.optimizer.excludedRules"
+_AQE_EMPTY_RELATION = "org.apache.spark.sql.execution.adaptive.AQEPropagateEmptyRelation"
+
+
+@contextlib.contextmanager
+def keep_observations(spark: SparkSession) -> Iterator[None]:
+    """Keep AQE from pruning the plan nodes that carry our metrics.
+
+    When a shuffle stage turns out empty, AQE's empty-relation rule rewrites the rest of the
+    plan without the ``CollectMetrics`` nodes that already ran, and Spark then reports no
+    metrics for them (counts silently lost). The rule only saves work on empty stages, so
+    it is switched off for the duration of a MERGE.
+    """
+    previous = spark.conf.get(_AQE_EXCLUDED_RULES, None)
+    rules = [r for r in (previous or "").split(",") if r]
+    if _AQE_EMPTY_RELATION in rules:
+        yield
+        return
+    spark.conf.set(_AQE_EXCLUDED_RULES, ",".join([*rules, _AQE_EMPTY_RELATION]))
+    try:
+        yield
+    finally:
+        if previous is None:
+            spark.conf.unset(_AQE_EXCLUDED_RULES)
+        else:
+            spark.conf.set(_AQE_EXCLUDED_RULES, previous)
+
+
 def _millis_since(start: float) -> int:
     return int((time.monotonic() - start) * 1000)
 
@@ -103,7 +131,8 @@ def run_merge(spark: SparkSession, request: MergeRequest) -> MergeMetrics:
         level = level_for_attempt(options.storage_levels, attempt)
         source = materialize(request.source, level) if materializing else request.source
         try:
-            return _run_once(spark, request, clauses, source, attempt)
+            with keep_observations(spark):
+                return _run_once(spark, request, clauses, source, attempt)
         except Exception as exc:
             if not (materializing and is_lost_block_error(exc)):
                 raise _translate(exc) from exc
