@@ -76,7 +76,7 @@ def batch_function(config: IngestConfig, on_progress: Callable[[dict[str, Any]],
     def run(records: DataFrame, batch_id: int) -> None:
         spark = records.sparkSession
         records = records.localCheckpoint()  # decoded twice (events, malformed): read Kafka once
-        events, malformed = debezium.decode(records, _row_schema(spark, config, records))
+        events, malformed = debezium.decode(records, _row_schema(spark, config, records), keys=config.keys)
         bad = malformed.count()
         if bad:
             if config.on_malformed == "fail" or not config.dead_letter:

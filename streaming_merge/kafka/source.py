@@ -71,18 +71,42 @@ class KafkaOptions:
         limit = lowered.get("maxoffsetspertrigger")
         if limit is not None and (not limit.isdigit() or int(limit) <= 0):
             raise KafkaSourceError(f"maxOffsetsPerTrigger must be a positive integer, got {limit!r}.")
+        fail_on_data_loss = lowered.get("failondataloss", "true").strip().lower()
+        if fail_on_data_loss not in ("true", "false"):
+            raise KafkaSourceError(
+                f"failOnDataLoss must be 'true' or 'false', got {lowered['failondataloss']!r}.")
+        starting = _parse_starting_offsets(lowered.get("startingoffsets", "latest"))
         client = {k[len("kafka."):]: v for k, v in options.items()
                   if k.lower().startswith("kafka.") and k.lower() != "kafka.bootstrap.servers"}
         return cls(
             bootstrap_servers=servers,
             topics=tuple(t.strip() for t in (subscribe or "").split(",") if t.strip()),
             pattern=pattern,
-            starting_offsets=lowered.get("startingoffsets", "latest"),
+            starting_offsets=starting,
             max_offsets_per_trigger=int(limit) if limit else None,
-            fail_on_data_loss=lowered.get("failondataloss", "true").lower() != "false",
+            fail_on_data_loss=fail_on_data_loss == "true",
             poll_timeout_ms=int(lowered.get("kafkaconsumer.polltimeoutms", "120000")),
             client_options=client,
         )
+
+
+def _parse_starting_offsets(value: str) -> str:
+    """'earliest', 'latest' (any case, as Spark accepts) or Spark's JSON form, checked up
+    front so a typo fails the query at start with a message, not deep in offset planning."""
+    how = value.strip()
+    if how.lower() in ("earliest", "latest"):
+        return how.lower()
+    usage = (f"startingOffsets must be 'earliest', 'latest' or JSON like {{\"topic\":{{\"0\":23}}}}, got {how!r} "
+             "(offsets are integers; -2 = earliest, -1 = latest)")
+    try:
+        given = json.loads(how)
+    except json.JSONDecodeError as exc:
+        raise KafkaSourceError(usage) from exc
+    if not isinstance(given, dict) or not all(
+            isinstance(parts, dict) and all(p.isdigit() and type(o) is int and o >= -2 for p, o in parts.items())
+            for parts in given.values()):
+        raise KafkaSourceError(usage)
+    return how
 
 
 def _consumer(options: KafkaOptions) -> Any:

@@ -1,0 +1,298 @@
+"""Kafka CDC ingestion benchmark: embedded broker → ``jobs.kafka_cdc_ingest`` → Delta.
+
+    python -m bench.kafka_ingest_bench [--events 20000] [--max-offsets-per-trigger 5000] [--partitions 2]
+
+Starts the embedded Kafka-compatible broker (Tansu, DESIGN.md §5), produces a generated
+Debezium stream of one table (``jobs.cdc_generator``: updates, deletes, duplicates, late
+events, tombstones, five malformed records), then runs the real ingestion job once with
+``availableNow`` and reports:
+
+* **throughput**: Kafka records per second over the whole ingestion run, from
+  ``start()`` to the end of the last batch. The SparkSession (JVM start, executor start,
+  class loading) is created and warmed up *before* the clock starts;
+* **per batch**: Spark's own phase durations (``latestOffset``, ``getBatch``,
+  ``queryPlanning``, ``walCommit``, ``addBatch``, ``commitOffsets``) next to the MergeSink's
+  (``materialize``, ``dedupe``, ``merge``, ``commit``, ``total``). The Kafka read is lazy: it
+  happens inside ``addBatch``, when the job's batch function checkpoints the records, so
+  ``addBatch − sink.total`` is reading Kafka + decoding + the dead-letter append, and
+  ``latestOffset + getBatch`` is the driver's offset planning against the broker;
+* **reading Kafka alone**: a second query over the same topic with the same
+  ``maxOffsetsPerTrigger`` whose batch function only materializes the records (what the
+  job does first), so the source's cost is measured without decode and sink;
+* **age at commit**: for the last record of each batch, the time from its producer
+  timestamp to the moment the batch's Delta commit returned. All records are produced
+  before the run, so this is backlog age (queueing), not the latency of a live stream.
+
+The run is checked: the Delta table (read back with delta-rs) must equal the state the
+generator computed independently, and the dead-letter table must hold exactly the
+malformed records (✓/✗; exit status 1 on ✗). Results go to ``bench/results/`` as JSON.
+
+Caveat: the embedded broker acknowledges one record per produce request (Tansu's
+end-offset quirk, see streaming_merge/kafka/broker.py), so the produce rate printed is the
+harness's, not Kafka's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import math
+import os
+import platform
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import deltalake
+import pyspark
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql.streaming import StreamingQuery
+
+from jobs import cdc_generator
+from jobs.kafka_cdc_ingest import IngestConfig, start
+from streaming_merge.kafka.broker import EmbeddedKafka, ProducedRecord
+from streaming_merge.kafka.source import register
+from streaming_merge.session import local_session
+
+TABLE = "orders"
+SPARK_PHASES = ("latestOffset", "getBatch", "queryPlanning", "walCommit", "addBatch", "commitOffsets",
+                "triggerExecution")
+SINK_PHASES = ("materialize", "dedupe", "merge", "commit", "total")
+QUERY_TIMEOUT_S = 3600.0
+
+
+def _spark_progress(query: StreamingQuery) -> list[dict[str, Any]]:
+    """Spark's progress records of this run of the query, as plain dicts."""
+    return [json.loads(p.json) for p in query.recentProgress]
+
+
+def _offsets(value: Any) -> dict[str, dict[str, int]]:
+    if value is None:
+        return {}
+    return json.loads(value) if isinstance(value, str) else dict(value)
+
+
+def _await(query: StreamingQuery) -> None:
+    try:
+        finished = query.awaitTermination(QUERY_TIMEOUT_S)
+    finally:
+        if query.isActive:
+            query.stop()
+    if not finished:
+        raise SystemExit(f"query {query.name} did not finish within {QUERY_TIMEOUT_S:.0f}s")
+
+
+def read_only_run(spark: SparkSession, bootstrap: str, topic: str, limit: int, checkpoint: str
+                  ) -> tuple[float, list[dict[str, Any]]]:
+    """The source alone: the same options as the job, a batch function that only
+    materializes the records as the job's first step does. Returns (seconds, progress)."""
+    register(spark)
+
+    def materialize(records: DataFrame, _: int) -> None:
+        records.localCheckpoint()
+
+    reader = (spark.readStream.format("kafka_py").option("kafka.bootstrap.servers", bootstrap)
+              .option("subscribe", topic).option("startingOffsets", "earliest")
+              .option("maxOffsetsPerTrigger", str(limit)))
+    started = time.monotonic()
+    query = (reader.load().writeStream.foreachBatch(materialize).option("checkpointLocation", checkpoint)
+             .trigger(availableNow=True).queryName("kafka_read_only").start())
+    _await(query)
+    return time.monotonic() - started, _spark_progress(query)
+
+
+def ingest_run(spark: SparkSession, config: IngestConfig
+               ) -> tuple[float, list[dict[str, Any]], dict[int, dict[str, Any]]]:
+    """The job itself. Returns (seconds, Spark progress, sink progress by batchId with the
+    wall-clock time at which ``on_progress`` saw the batch, i.e. right after its commit)."""
+    sink_progress: dict[int, dict[str, Any]] = {}
+
+    def on_progress(progress: dict[str, Any]) -> None:
+        sink_progress[int(progress["batchId"])] = {**progress, "committedAtMs": time.time() * 1000}
+
+    started = time.monotonic()
+    query = start(spark, config, on_progress=on_progress)
+    _await(query)
+    return time.monotonic() - started, _spark_progress(query), sink_progress
+
+
+def batch_rows(spark_progress: list[dict[str, Any]], sink_progress: dict[int, dict[str, Any]],
+               produced_at: dict[tuple[int, int], int], topic: str) -> list[dict[str, Any]]:
+    """One row per batch joining Spark's and the sink's progress by batchId."""
+    rows = []
+    for spark_record in spark_progress:
+        batch_id = int(spark_record["batchId"])
+        durations = spark_record.get("durationMs", {})
+        source = (spark_record.get("sources") or [{}])[0]
+        start_offsets = _offsets(source.get("startOffset")).get(topic, {})
+        end_offsets = _offsets(source.get("endOffset")).get(topic, {})
+        sink = sink_progress.get(batch_id, {})
+        sink_ms = sink.get("durationMs", {})
+        last_produced = [produced_at.get((int(p), end - 1)) for p, end in end_offsets.items()
+                         if end > start_offsets.get(p, 0)]
+        last_ts = max((t for t in last_produced if t is not None), default=None)
+        committed = sink.get("committedAtMs")
+        row: dict[str, Any] = {
+            "batchId": batch_id,
+            "numInputRows": int(spark_record.get("numInputRows", 0)),
+            "spark": {phase: int(durations.get(phase, 0)) for phase in SPARK_PHASES},
+            "sink": {phase: int(sink_ms.get(phase, 0)) for phase in sink_ms},
+            "malformedRecords": int(sink.get("malformedRecords", 0)),
+            "tableVersion": sink.get("tableVersion"),
+            "ageAtCommitMs": round(committed - last_ts) if committed is not None and last_ts is not None else None,
+        }
+        row["readDecodeDeadLetterMs"] = max(0, row["spark"]["addBatch"] - row["sink"].get("total", 0))
+        row["offsetPlanningMs"] = row["spark"]["latestOffset"] + row["spark"]["getBatch"]
+        rows.append(row)
+    return rows
+
+
+def verify(target: str, dead_letter: str, expected: dict[int, dict[str, Any]], malformed: int
+           ) -> dict[str, Any]:
+    """Compare as jobs/kafka_cdc_demo.py does; the dead letters must be exactly the malformed records."""
+    spec = cdc_generator.TABLES[TABLE]
+    columns = [c.split()[0] for c in spec["schema"].split(",")]
+    rows = deltalake.DeltaTable(target).to_pyarrow_table().to_pylist()
+    actual = {r[spec["key"]]: {c: r[c] for c in columns} for r in rows}
+    dead = len(deltalake.DeltaTable(dead_letter).to_pyarrow_table()) if os.path.exists(dead_letter) else 0
+    table_ok = actual == expected and len(rows) == len(actual)
+    return {"ok": table_ok and dead == malformed, "tableOk": table_ok, "rows": len(rows),
+            "expectedRows": len(expected), "deadLetters": dead, "expectedDeadLetters": malformed}
+
+
+def _fmt(value: Any) -> str:
+    return "-" if value is None else str(value)
+
+
+def print_report(result: dict[str, Any]) -> None:
+    config, summary, check = result["config"], result["summary"], result["check"]
+    print(f"\nKafka CDC ingestion: {summary['records']} records ({summary['changeEvents']} change events) in "
+          f"{config['partitions']} partition(s), maxOffsetsPerTrigger={config['maxOffsetsPerTrigger']}, "
+          f"{config['master']}, load average before {result['environment']['loadavgBefore']}")
+    header = ("batch", "rows", "trigger", "latestOff+getBatch", "addBatch", "sink.total", "sink.merge",
+              "read+decode+DLQ", "age@commit")
+    widths = [max(8, len(h)) for h in header]
+    print(" | ".join(f"{h:>{w}}" for h, w in zip(header, widths, strict=True)))
+    for row in result["batches"]:
+        cells = (row["batchId"], row["numInputRows"], row["spark"]["triggerExecution"], row["offsetPlanningMs"],
+                 row["spark"]["addBatch"], row["sink"].get("total"), row["sink"].get("merge"),
+                 row["readDecodeDeadLetterMs"], row["ageAtCommitMs"])
+        print(" | ".join(f"{_fmt(c):>{w}}" for c, w in zip(cells, widths, strict=True)))
+    print("(milliseconds)")
+    print(f"ingest:      {summary['ingestSeconds']:.1f}s → {summary['recordsPerSecond']:.0f} records/s "
+          f"({summary['eventsPerSecond']:.0f} change events/s)")
+    if summary.get("readOnlySeconds") is not None:
+        print(f"read only:   {summary['readOnlySeconds']:.1f}s → {summary['readOnlyRecordsPerSecond']:.0f} records/s "
+              "(the kafka_py source + materialize, no decode, no sink)")
+    print(f"time split:  sink {summary['sinkShare']:.0%} of addBatch, read+decode+dead letters "
+          f"{1 - summary['sinkShare']:.0%}; offset planning {summary['offsetPlanningMs']} ms in total; "
+          f"median batch {summary['medianBatchMs']} ms")
+    mark = "✓" if check["ok"] else "✗"
+    print(f"check:       {mark} table {check['rows']} rows (expected {check['expectedRows']}, "
+          f"{'equal' if check['tableOk'] else 'DIFFERENT'}); dead letters {check['deadLetters']} "
+          f"(expected {check['expectedDeadLetters']})")
+
+
+def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
+    load_before = os.getloadavg()
+    keys = args.keys or max(10, args.events // 10)
+    spark = local_session("kafka_ingest_bench", args.master)
+    spark.range(10_000).selectExpr("sum(id)").collect()  # JVM and executors up before any clock starts
+    try:
+        with EmbeddedKafka() as broker:
+            topic = f"bench.public.{TABLE}"
+            broker.create_topic(topic, args.partitions)
+            records, state = cdc_generator.generate(TABLE, args.events, keys, seed=args.seed)
+            produce_started = time.monotonic()
+            acks: list[ProducedRecord] = broker.produce(topic, [(r.key, r.value) for r in records])
+            produce_s = time.monotonic() - produce_started
+            print(f"Produced {len(records)} records to {topic} in {produce_s:.1f}s "
+                  f"(one record per request, see the module docstring)", flush=True)
+            produced_at = {(a.partition, a.offset): a.timestamp_ms for a in acks}
+            malformed = sum(1 for r in records if r.key == b"bad")
+            events = sum(1 for r in records if r.value is not None and r.key != b"bad")
+
+            read_s, read_progress = None, []
+            if not args.skip_read_baseline:
+                read_s, read_progress = read_only_run(spark, broker.bootstrap_servers, topic,
+                                                      args.max_offsets_per_trigger, str(workdir / "read_checkpoint"))
+                print(f"Read-only pass: {read_s:.1f}s", flush=True)
+
+            spec = cdc_generator.TABLES[TABLE]
+            config = IngestConfig(
+                bootstrap_servers=broker.bootstrap_servers, topics=topic, target=str(workdir / TABLE),
+                keys=[spec["key"]], checkpoint=str(workdir / "checkpoint"), dead_letter=str(workdir / "dead_letter"),
+                row_schema=spec["schema"], available_now=True, max_offsets_per_trigger=args.max_offsets_per_trigger)
+            ingest_s, spark_progress, sink_progress = ingest_run(spark, config)
+            print(f"Ingest: {ingest_s:.1f}s", flush=True)
+            check = verify(config.target, str(config.dead_letter), cdc_generator.expected_rows(state), malformed)
+    finally:
+        spark.stop()
+    batches = batch_rows(spark_progress, sink_progress, produced_at, topic)
+    add_batch = sum(b["spark"]["addBatch"] for b in batches)
+    sink_total = sum(b["sink"].get("total", 0) for b in batches)
+    summary = {
+        "records": len(records), "changeEvents": events, "malformed": malformed, "keys": keys,
+        "produceSeconds": round(produce_s, 2),
+        "ingestSeconds": round(ingest_s, 2), "batches": len(batches),
+        "recordsPerSecond": len(records) / ingest_s, "eventsPerSecond": events / ingest_s,
+        "readOnlySeconds": round(read_s, 2) if read_s is not None else None,
+        "readOnlyRecordsPerSecond": len(records) / read_s if read_s else None,
+        "readOnlyBatchMs": [int(p.get("durationMs", {}).get("triggerExecution", 0)) for p in read_progress],
+        "sinkShare": sink_total / add_batch if add_batch else 0.0,
+        "offsetPlanningMs": sum(b["offsetPlanningMs"] for b in batches),
+        "medianBatchMs": int(statistics.median([b["spark"]["triggerExecution"] for b in batches])) if batches else 0,
+    }
+    return {
+        "benchmark": "kafka_ingest", "created": datetime.now(UTC).isoformat(timespec="seconds"),
+        "config": {"events": args.events, "keys": keys, "partitions": args.partitions, "seed": args.seed,
+                   "maxOffsetsPerTrigger": args.max_offsets_per_trigger, "master": args.master,
+                   "readBaseline": not args.skip_read_baseline},
+        "environment": {"python": platform.python_version(), "pyspark": pyspark.__version__,
+                        "deltalake": deltalake.__version__, "cpus": os.cpu_count(), "platform": platform.platform(),
+                        "loadavgBefore": [round(x, 2) for x in load_before],
+                        "loadavgAfter": [round(x, 2) for x in os.getloadavg()], "broker": "tansu (embedded)"},
+        "summary": summary, "batches": batches, "check": check,
+        "expectedBatches": math.ceil(len(records) / args.max_offsets_per_trigger),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--events", type=int, default=20_000, help="generated change events (before duplicates, "
+                        "tombstones and malformed records are added)")
+    parser.add_argument("--keys", type=int, default=None, help="distinct keys (default: events / 10)")
+    parser.add_argument("--max-offsets-per-trigger", type=int, default=5000)
+    parser.add_argument("--partitions", type=int, default=2)
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--master", default="local[2]")
+    parser.add_argument("--skip-read-baseline", action="store_true", help="skip the read-only pass")
+    parser.add_argument("--out", default="bench/results/kafka_ingest.json")
+    parser.add_argument("--workdir", default=None, help="where tables and checkpoints go (default: a temp folder)")
+    parser.add_argument("--keep", action="store_true", help="keep the workdir")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("kafka").setLevel(logging.ERROR)
+    logging.getLogger("py4j").setLevel(logging.WARNING)
+    workdir = Path(args.workdir or tempfile.mkdtemp(prefix="kafka_ingest_bench_"))
+    try:
+        result = run(args, workdir)
+    finally:
+        if not args.keep:
+            shutil.rmtree(workdir, ignore_errors=True)
+    print_report(result)
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=2))
+    print(f"wrote {out}")
+    return 0 if result["check"]["ok"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
