@@ -24,7 +24,7 @@ from typing import Any
 import deltalake
 
 from jobs import cdc_generator
-from jobs.kafka_cdc_ingest import IngestConfig, start
+from jobs.kafka_cdc_ingest import IngestConfig, progress_line, start
 from streaming_merge.kafka.broker import EmbeddedKafka
 from streaming_merge.session import local_session
 
@@ -50,7 +50,7 @@ def run_demo(workdir: Path, events: int, keys: int, max_offsets: int, partitions
                 target=str(workdir / table), keys=[spec["key"]], checkpoint=str(workdir / "_checkpoints" / table),
                 dead_letter=str(workdir / "_dead_letter"), row_schema=spec["schema"], available_now=True,
                 max_offsets_per_trigger=max_offsets)
-            queries.append(start(spark, config, on_progress=lambda p, t=table: print(f"  {t}: {_line(p)}",
+            queries.append(start(spark, config, on_progress=lambda p, t=table: print(f"  {t}: {progress_line(p)}",
                                                                                     flush=True)))
             queries[-1].awaitTermination()
         elapsed = time.monotonic() - started
@@ -74,16 +74,6 @@ def run_demo(workdir: Path, events: int, keys: int, max_offsets: int, partitions
               f"{sorted({r['error'] for r in dead})}")
     spark.stop()
     return all(verdicts)
-
-
-def _line(progress: dict[str, Any]) -> str:
-    m = progress.get("metrics", {})
-    if progress.get("skipped"):
-        return f"batch {progress.get('batchId')} skipped"
-    return (f"batch {progress.get('batchId')} v{progress.get('tableVersion')}: in={progress.get('numInputRows')} "
-            f"malformed={progress.get('malformedRecords', 0)} ins={m.get('numTargetRowsInserted', 0)} "
-            f"upd={m.get('numTargetRowsUpdated', 0)} del={m.get('numTargetRowsDeleted', 0)} "
-            f"late={progress.get('numLateRowsDropped', 0)} {progress.get('durationMs', {}).get('total', 0)}ms")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -105,7 +105,7 @@ def start(spark: SparkSession, config: IngestConfig,
               .option("startingOffsets", config.starting_offsets))
     if config.max_offsets_per_trigger:
         reader = reader.option("maxOffsetsPerTrigger", str(config.max_offsets_per_trigger))
-    function, _ = batch_function(config, on_progress or (lambda p: print(_line(p), flush=True)))
+    function, _ = batch_function(config, on_progress or (lambda p: print(progress_line(p), flush=True)))
     writer = reader.load().writeStream.foreachBatch(function).option("checkpointLocation", config.checkpoint)
     if config.available_now:
         writer = writer.trigger(availableNow=True)
@@ -114,7 +114,8 @@ def start(spark: SparkSession, config: IngestConfig,
     return writer.queryName(f"cdc_ingest:{config.topics}").start()
 
 
-def _line(progress: dict[str, Any]) -> str:
+def progress_line(progress: dict[str, Any]) -> str:
+    """One human line per batch: what the MERGE did and how long it took."""
     m = progress.get("metrics", {})
     if progress.get("skipped"):
         return f"[batch {progress.get('batchId')}] skipped (already committed)"
