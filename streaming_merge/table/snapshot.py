@@ -6,7 +6,6 @@ reads the same version, as Delta's OptimisticTransaction does.
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -192,8 +191,3 @@ def _field_metadata(data_type: DataType, prefix: str) -> Iterator[tuple[str, dic
     elif isinstance(data_type, MapType):
         yield from _field_metadata(data_type.keyType, f"{prefix}key.")
         yield from _field_metadata(data_type.valueType, f"{prefix}value.")
-
-
-def describe_files(files: list[DataFile]) -> str:
-    """Short human form of a file list for log lines."""
-    return json.dumps([f.path for f in files[:5]]) + (f" and {len(files) - 5} more" if len(files) > 5 else "")
