@@ -98,31 +98,30 @@ class ColumnScope:
 
     def target_column(self, node: Any) -> str | None:
         """Target column an UnresolvedAttribute refers to, else None."""
-        if _kind(node) != "UnresolvedAttribute":
-            return None
-        parts = _name_parts(node)
-        by_lower_t = {c.lower(): c for c in self.target_columns}
-        if len(parts) == 2 and parts[0].lower() == self.target_alias.lower():
-            return by_lower_t.get(parts[1].lower())
-        if len(parts) == 1 and parts[0].lower() not in {c.lower() for c in self.source_columns}:
-            return by_lower_t.get(parts[0].lower())
-        return None
+        return _column_of(node, self.target_alias, self.target_columns, self.source_columns)
 
     def source_column(self, node: Any) -> str | None:
-        if _kind(node) != "UnresolvedAttribute":
-            return None
-        parts = _name_parts(node)
-        by_lower_s = {c.lower(): c for c in self.source_columns}
-        if len(parts) == 2 and parts[0].lower() == self.source_alias.lower():
-            return by_lower_s.get(parts[1].lower())
-        if len(parts) == 1 and parts[0].lower() not in {c.lower() for c in self.target_columns}:
-            return by_lower_s.get(parts[0].lower())
-        return None
+        """Source column an UnresolvedAttribute refers to, else None."""
+        return _column_of(node, self.source_alias, self.source_columns, self.target_columns)
 
     def is_target_only(self, node: Any) -> bool:
         """True when every attribute under ``node`` is a target column (and there is one)."""
         attributes = _attributes(node)
         return bool(attributes) and all(self.target_column(a) is not None for a in attributes)
+
+
+def _column_of(node: Any, alias: str, own: Sequence[str], other: Sequence[str]) -> str | None:
+    """Column of one side an attribute names: qualified by that side's alias, or unqualified
+    and not a column of the other side (case-insensitive)."""
+    if _kind(node) != "UnresolvedAttribute":
+        return None
+    parts = _name_parts(node)
+    by_lower = {c.lower(): c for c in own}
+    if len(parts) == 2 and parts[0].lower() == alias.lower():
+        return by_lower.get(parts[1].lower())
+    if len(parts) == 1 and parts[0].lower() not in {c.lower() for c in other}:
+        return by_lower.get(parts[0].lower())
+    return None
 
 
 def _attributes(node: Any) -> list[Any]:
