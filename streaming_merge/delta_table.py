@@ -11,7 +11,7 @@ from streaming_merge.merge.builder import DeltaMergeBuilder
 from streaming_merge.table.commit import history
 from streaming_merge.table.create import create_table
 from streaming_merge.table.scan import scan_files
-from streaming_merge.table.snapshot import load_snapshot, open_table
+from streaming_merge.table.snapshot import load_snapshot, open_table, require_table
 
 DEFAULT_TARGET_ALIAS = "target"
 
@@ -29,8 +29,9 @@ class DeltaTable:
 
     @classmethod
     def forPath(cls, spark: SparkSession, path: str) -> DeltaTable:
-        """Open the table at ``path``; raises NotADeltaTableError when there is none."""
-        open_table(os.path.abspath(path))
+        """The table at ``path``; raises NotADeltaTableError when there is none. Its log is
+        read when it is used (a MERGE reads it once, for its snapshot)."""
+        require_table(os.path.abspath(path))
         return cls(spark, path)
 
     @classmethod

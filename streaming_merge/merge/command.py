@@ -16,22 +16,46 @@ from dataclasses import dataclass, field
 
 from pyspark.sql import Column, DataFrame, SparkSession
 
+from streaming_merge._profile import phase
 from streaming_merge.errors import MaterializedSourceLostError, MergeAssignmentOverflowError
 from streaming_merge.merge.clauses import ClauseSet, MergeClause, expr_text
 from streaming_merge.merge.materialize import (
     DEFAULT_STORAGE_LEVELS,
     MaterializePolicy,
     is_lost_block_error,
+    is_stable,
     level_for_attempt,
     materialize,
     release,
     should_materialize,
 )
 from streaming_merge.merge.metrics import MergeMetrics
-from streaming_merge.merge.resolve import OVERFLOW_MARKER, ResolvedMerge, resolve_merge
-from streaming_merge.merge.rewrite import RewriteResult, write_all_changes, write_inserts_only
-from streaming_merge.merge.skipping import SkippingPlan, key_pairs, plan_skipping
-from streaming_merge.merge.touched import find_touched_files
+from streaming_merge.merge.resolve import (
+    OVERFLOW_MARKER,
+    ResolvedMerge,
+    estimated_row_bytes,
+    fits_broadcast,
+    resolve_merge,
+)
+from streaming_merge.merge.rewrite import (
+    FileLayout,
+    RewriteResult,
+    write_all_changes,
+    write_changes_map_side,
+    write_inserts_only,
+)
+from streaming_merge.merge.skipping import (
+    ColumnScope,
+    SkippingPlan,
+    SourceStats,
+    compute_source_stats,
+    key_pairs,
+    plan_skipping,
+    skipping_key_pairs,
+    source_stats_columns,
+    source_stats_of,
+)
+from streaming_merge.merge.touched import TouchedFiles, find_touched_files
 from streaming_merge.table.commit import CommitRequest, add_columns, commit
 from streaming_merge.table.schema import check_partition_columns
 from streaming_merge.table.snapshot import DataFile, Snapshot, check_writable, load_snapshot
@@ -52,6 +76,14 @@ class MergeOptions:
     optimize_matched_only: bool = True
     repartition_before_write: bool = True
     source_key_range_skipping: bool = True
+    # A source up to this many bytes (estimated) is broadcast and the touched files are
+    # rewritten map-side; None: Spark's spark.sql.autoBroadcastJoinThreshold.
+    broadcast_source_bytes: int | None = None
+    # New files are cut to about this size (Delta's and delta-rs' default is 128 MB / 100 MB).
+    target_file_size: int = 128 * 1024 * 1024
+    # The source's row count and key ranges when the caller already observed them (the
+    # streaming sink does, while materializing the batch): saves the MERGE a pass.
+    source_stats: SourceStats | None = field(default=None, compare=False)
     # Called with a phase name and the (materialized) source between phases; for
     # diagnostics and fault-injection tests.
     phase_hook: PhaseHook | None = field(default=None, compare=False)
@@ -61,6 +93,8 @@ class MergeOptions:
             raise ValueError(f"max_attempts must be at least 1, got {self.max_attempts}")
         if not self.storage_levels:
             raise ValueError("storage_levels needs at least one storage level name")
+        if self.target_file_size < 1:
+            raise ValueError(f"target_file_size must be a positive number of bytes, got {self.target_file_size}")
 
 
 @dataclass(frozen=True)
@@ -77,44 +111,29 @@ class MergeRequest:
     app_version: int | None = None
 
 
-@contextlib.contextmanager
-def job_description(spark: SparkSession, status: str) -> Iterator[None]:
-    """Name the Spark jobs of a phase in the UI, as Delta's recordMergeOperation does."""
-    context = spark.sparkContext
-    previous = context.getLocalProperty("spark.job.description")
-    context.setJobDescription(status if previous is None else f"{previous}: {status}")
-    try:
-        yield
-    finally:
-        context.setLocalProperty("spark.job.description", previous)  # type: ignore[arg-type]
-
-
-_AQE_EXCLUDED_RULES = "spark.sql.adaptive.optimizer.excludedRules"
-_AQE_EMPTY_RELATION = "org.apache.spark.sql.execution.adaptive.AQEPropagateEmptyRelation"
+_MERGE_CONF = {
+    # Adaptive execution submits every shuffle stage as a job of its own and its empty-relation
+    # rule drops the plan nodes carrying our observed metrics; the MERGE sizes its joins
+    # itself (it knows the source's row count), so it runs each query as one job without it.
+    "spark.sql.adaptive.enabled": "false",
+}
 
 
 @contextlib.contextmanager
-def keep_observations(spark: SparkSession) -> Iterator[None]:
-    """Keep AQE from pruning the plan nodes that carry our metrics.
-
-    When a shuffle stage turns out empty, AQE's empty-relation rule rewrites the rest of the
-    plan without the ``CollectMetrics`` nodes that already ran, and Spark then reports no
-    metrics for them (counts silently lost). The rule only saves work on empty stages, so
-    it is switched off for the duration of a MERGE.
-    """
-    previous = spark.conf.get(_AQE_EXCLUDED_RULES, None)
-    rules = [r for r in (previous or "").split(",") if r]
-    if _AQE_EMPTY_RELATION in rules:
-        yield
-        return
-    spark.conf.set(_AQE_EXCLUDED_RULES, ",".join([*rules, _AQE_EMPTY_RELATION]))
+def merge_conf(spark: SparkSession) -> Iterator[None]:
+    """Session settings for the duration of a MERGE (a streaming query's foreachBatch runs
+    on the query's own session clone, so other queries are not affected)."""
+    previous = {key: spark.conf.get(key, None) for key in _MERGE_CONF}
+    for key, value in _MERGE_CONF.items():
+        spark.conf.set(key, value)
     try:
         yield
     finally:
-        if previous is None:
-            spark.conf.unset(_AQE_EXCLUDED_RULES)
-        else:
-            spark.conf.set(_AQE_EXCLUDED_RULES, previous)
+        for key, value in previous.items():
+            if value is None:
+                spark.conf.unset(key)
+            else:
+                spark.conf.set(key, value)
 
 
 def _millis_since(start: float) -> int:
@@ -122,34 +141,30 @@ def _millis_since(start: float) -> int:
 
 
 def run_merge(spark: SparkSession, request: MergeRequest) -> MergeMetrics:
-    """Run the MERGE, rerunning it when the materialized source lost blocks."""
+    """Run the MERGE, rerunning it when a materialized source or checkpoint lost blocks."""
     clauses = ClauseSet.of(request.clauses)
     clauses.validate()
     options = request.options
     materializing = should_materialize(options.materialize_source, request.source, clauses.is_insert_only)
-    for attempt in range(1, options.max_attempts + 1):
-        level = level_for_attempt(options.storage_levels, attempt)
-        source = materialize(request.source, level) if materializing else request.source
-        try:
-            with keep_observations(spark):
-                return _run_once(spark, request, clauses, source, attempt)
-        except Exception as exc:
-            if not (materializing and is_lost_block_error(exc)):
-                raise _translate(exc) from exc
-            if attempt == options.max_attempts:
-                raise MaterializedSourceLostError(
-                    f"The materialized MERGE source into `{request.table_path}` lost its blocks on all "
-                    f"{attempt} attempts (storage levels {list(options.storage_levels)}); executors were "
-                    "probably lost or blocks evicted. Raise max_attempts or use a more replicated storage "
-                    "level.",
-                    attempts=attempt,
-                ) from exc
-            log.warning("MERGE into %s: materialized source lost blocks on attempt %d (%s); retrying at %s",
-                        request.table_path, attempt, level,
-                        level_for_attempt(options.storage_levels, attempt + 1))
-        finally:
-            if materializing:
-                release(source)
+    with merge_conf(spark):
+        for attempt in range(1, options.max_attempts + 1):
+            level = level_for_attempt(options.storage_levels, attempt)
+            try:
+                return _run_once(spark, request, clauses, attempt, level, materializing)
+            except Exception as exc:
+                if not is_lost_block_error(exc):
+                    raise _translate(exc) from exc
+                if attempt == options.max_attempts:
+                    raise MaterializedSourceLostError(
+                        f"The materialized MERGE source into `{request.table_path}` lost its blocks on all "
+                        f"{attempt} attempts (storage levels {list(options.storage_levels)}); executors were "
+                        "probably lost or blocks evicted. Raise max_attempts or use a more replicated storage "
+                        "level.",
+                        attempts=attempt,
+                    ) from exc
+                log.warning("MERGE into %s: materialized source lost blocks on attempt %d (%s); retrying at %s",
+                            request.table_path, attempt, level,
+                            level_for_attempt(options.storage_levels, attempt + 1))
     raise AssertionError("unreachable")
 
 
@@ -162,55 +177,109 @@ def _translate(exc: Exception) -> Exception:
     return exc
 
 
-def _run_once(spark: SparkSession, request: MergeRequest, clauses: ClauseSet, source: DataFrame,
-              attempt: int) -> MergeMetrics:
+def _run_once(spark: SparkSession, request: MergeRequest, clauses: ClauseSet, attempt: int, level: str,
+              materializing: bool) -> MergeMetrics:
     started = time.monotonic()
-    snapshot = load_snapshot(request.table_path)
-    check_writable(snapshot)
-    check_partition_columns(snapshot.schema, snapshot.partition_columns)
-    if request.app_id is not None and request.app_version is not None:
-        applied = snapshot.transaction_version(request.app_id)
-        if applied is not None and applied >= request.app_version:
-            log.info("MERGE into %s skipped: txn %r already at version %d >= %d", request.table_path,
-                     request.app_id, applied, request.app_version)
-            return MergeMetrics({}, skipped=True, attempts=attempt, table_version=snapshot.version)
+    with phase(spark, "snapshot"):
+        snapshot = load_snapshot(request.table_path)
+        check_writable(snapshot)
+        check_partition_columns(snapshot.schema, snapshot.partition_columns)
+        if request.app_id is not None and request.app_version is not None:
+            applied = snapshot.transaction_version(request.app_id)
+            if applied is not None and applied >= request.app_version:
+                log.info("MERGE into %s skipped: txn %r already at version %d >= %d", request.table_path,
+                         request.app_id, applied, request.app_version)
+                return MergeMetrics({}, skipped=True, attempts=attempt, table_version=snapshot.version)
 
-    resolved = resolve_merge(spark, source, request.source_alias, snapshot.schema, request.target_alias,
-                             request.condition, clauses, request.schema_evolution)
-    hook = request.options.phase_hook or (lambda phase, frame: None)
+    options = request.options
+    with phase(spark, "resolve"):
+        resolved = resolve_merge(spark, request.source, request.source_alias, snapshot.schema,
+                                 request.target_alias, request.condition, clauses, request.schema_evolution)
+        scope = ColumnScope(request.target_alias, request.source_alias, [f.name for f in snapshot.schema.fields],
+                            request.source.columns)
+        pairs = key_pairs(request.condition, scope)
+        range_columns = ([s for _, s in skipping_key_pairs(request.condition, scope, snapshot.schema)]
+                         if options.source_key_range_skipping else [])
+    hook = options.phase_hook or (lambda phase_name, frame: None)
+    held: list[DataFrame] = []  # checkpoints of this attempt, released at the end
+    try:
+        source, stats = _prepare_source(spark, request, clauses, level if materializing else None, range_columns,
+                                        held)
+        return _merge(spark, request, snapshot, resolved, source, stats, pairs, level, held, hook, attempt,
+                      started)
+    finally:
+        for frame in held:
+            release(frame)
+
+
+def _prepare_source(spark: SparkSession, request: MergeRequest, clauses: ClauseSet, level: str | None,
+                    range_columns: list[str], held: list[DataFrame]) -> tuple[DataFrame, SourceStats | None]:
+    """Materialize the source (observing its row count and key ranges in the same job), or
+    take those figures from the caller, or count them in one job over a stable source.
+
+    An insert-only MERGE over a source that is neither materialized nor stable gets no key
+    ranges: they would come from a different read than the one that inserts."""
+    supplied = request.options.source_stats
+    if level is not None:
+        with phase(spark, "materialize", "MERGE operation - materializing source"):
+            source, values = materialize(request.source, level, source_stats_columns(range_columns))
+            held.append(source)
+            return source, source_stats_of(values, range_columns)
+    if supplied is not None and supplied.covers(range_columns):
+        return request.source, supplied
+    if clauses.is_insert_only and not (range_columns and is_stable(request.source)):
+        return request.source, None
+    with phase(spark, "sourceStats", "MERGE operation - counting source rows"):
+        return request.source, compute_source_stats(request.source, range_columns)
+
+
+def _merge(spark: SparkSession, request: MergeRequest, snapshot: Snapshot, resolved: ResolvedMerge,
+           source: DataFrame, stats: SourceStats | None, pairs: list[tuple[str, str]], level: str,
+           held: list[DataFrame], hook: PhaseHook, attempt: int, started: float) -> MergeMetrics:
+    clauses, options = resolved.clauses, request.options
     metrics: dict[str, int] = {
         "numTargetFilesBeforeSkipping": len(snapshot.files),
         "numTargetBytesBeforeSkipping": snapshot.num_bytes,
     }
-
     scan_started = time.monotonic()
-    with job_description(spark, "MERGE operation - scanning files for matches"):
-        skipping = plan_skipping(
-            source, request.source_alias, request.target_alias, snapshot.schema, request.condition,
-            [c.condition for c in resolved.matched] if clauses.is_matched_only
-            and all(c.condition is not None for c in resolved.matched) else None,  # type: ignore[misc]
-            bool(resolved.not_matched_by_source), request.options.source_key_range_skipping,
-        )
+    with phase(spark, "skipping"):
+        scope = ColumnScope(request.target_alias, request.source_alias, [f.name for f in snapshot.schema.fields],
+                            request.source.columns)
+        matched_conditions = ([c.condition for c in resolved.matched] if clauses.is_matched_only
+                              and all(c.condition is not None for c in resolved.matched) else None)
+        skipping = plan_skipping(scope, snapshot.schema, request.condition, matched_conditions,  # type: ignore[arg-type]
+                                 bool(resolved.not_matched_by_source), stats)
         candidates = skipping.select(spark, snapshot, snapshot.files)
-        metrics["numTargetFilesAfterSkipping"] = len(candidates)
-        metrics["numTargetBytesAfterSkipping"] = sum(f.size for f in candidates)
-        metrics["numTargetPartitionsAfterSkipping"] = _partitions(snapshot, candidates)
-        to_rewrite: list[DataFile] = []
-        if not clauses.is_insert_only:
-            touched = find_touched_files(spark, snapshot, candidates, source, resolved,
-                                         [t for t, _ in key_pairs(request.condition, skipping.scope)],
-                                         skipping.source_rows)
-            metrics["numSourceRows"] = touched.num_source_rows
-            to_rewrite = touched.files
-    metrics["scanTimeMs"] = _millis_since(scan_started) if not clauses.is_insert_only else 0
+    metrics["numTargetFilesAfterSkipping"] = len(candidates)
+    metrics["numTargetBytesAfterSkipping"] = sum(f.size for f in candidates)
+    metrics["numTargetPartitionsAfterSkipping"] = _partitions(snapshot, candidates)
+    source_bytes = stats.rows * estimated_row_bytes(source) if stats is not None else 0
+    broadcast = stats is not None and fits_broadcast(source, stats.rows, options.broadcast_source_bytes)
+    to_rewrite: list[DataFile] = []
+    touched: TouchedFiles | None = None
+    if not clauses.is_insert_only:
+        assert stats is not None
+        metrics["numSourceRows"] = stats.rows
+        map_side = broadcast and bool(resolved.not_matched) and not resolved.not_matched_by_source
+        with phase(spark, "findTouchedFiles", "MERGE operation - scanning files for matches"):
+            touched = find_touched_files(spark, snapshot, candidates, source, resolved, pairs,
+                                         keep_unmatched_source=level if map_side else None)
+        if touched.checkpoint is not None:
+            held.append(touched.checkpoint)
+        to_rewrite = touched.files
+        metrics["scanTimeMs"] = _millis_since(scan_started)
+    else:
+        metrics["scanTimeMs"] = 0
     hook("after_find_touched_files", source)
 
     rewrite_started = time.monotonic()
-    result = _rewrite(spark, snapshot, candidates, to_rewrite, source, resolved, request.options,
-                      skipping.source_rows)
+    layout = FileLayout(options.repartition_before_write, options.target_file_size,
+                        sum(f.size for f in to_rewrite) + source_bytes)
+    result = _rewrite(spark, snapshot, candidates, to_rewrite, source, resolved, touched, pairs, layout,
+                      options.optimize_matched_only, broadcast)
     metrics["rewriteTimeMs"] = _millis_since(rewrite_started)
     metrics.update(result.counts)
-    if clauses.is_only_one_unconditional_delete and to_rewrite:
+    if clauses.is_only_one_unconditional_delete and to_rewrite and touched is not None:
         metrics["numTargetRowsMatchedDeleted"] = touched.matched_target_rows  # once per row, not per match
     hook("before_commit", source)
 
@@ -225,23 +294,24 @@ def _run_once(spark: SparkSession, request: MergeRequest, clauses: ClauseSet, so
         if snapshot.partition_columns else 0,
     })
     try:
-        commit_snapshot = snapshot
-        if resolved.output_schema != snapshot.schema:
-            commit_snapshot = add_columns(snapshot, resolved.output_schema)
-        metrics["executionTimeMs"] = _millis_since(started)
-        final = MergeMetrics(metrics, attempts=attempt)
-        version = commit(CommitRequest(
-            snapshot=commit_snapshot,
-            adds=written,
-            removes=to_rewrite,
-            operation="MERGE",
-            operation_parameters=_parameters(resolved),
-            operation_metrics=final.delta_metrics(),
-            app_id=request.app_id,
-            app_version=request.app_version,
-            read_files=candidates,
-            concurrent_append_filter=_append_filter(spark, skipping),
-        ))
+        with phase(spark, "commit"):
+            commit_snapshot = snapshot
+            if resolved.output_schema != snapshot.schema:
+                commit_snapshot = add_columns(snapshot, resolved.output_schema)
+            metrics["executionTimeMs"] = _millis_since(started)
+            final = MergeMetrics(metrics, attempts=attempt)
+            version = commit(CommitRequest(
+                snapshot=commit_snapshot,
+                adds=written,
+                removes=to_rewrite,
+                operation="MERGE",
+                operation_parameters=_parameters(resolved),
+                operation_metrics=final.delta_metrics(),
+                app_id=request.app_id,
+                app_version=request.app_version,
+                read_files=candidates,
+                concurrent_append_filter=_append_filter(spark, skipping),
+            ))
     except BaseException:
         delete_written(snapshot.table_path, written)
         raise
@@ -249,21 +319,26 @@ def _run_once(spark: SparkSession, request: MergeRequest, clauses: ClauseSet, so
 
 
 def _rewrite(spark: SparkSession, snapshot: Snapshot, candidates: list[DataFile], to_rewrite: list[DataFile],
-             source: DataFrame, resolved: ResolvedMerge, options: MergeOptions, source_rows: int
+             source: DataFrame, resolved: ResolvedMerge, touched: TouchedFiles | None,
+             pairs: list[tuple[str, str]], layout: FileLayout, optimize_matched_only: bool, broadcast: bool
              ) -> RewriteResult:
     clauses = resolved.clauses
+    unmatched = touched.unmatched_source if touched is not None else None
     if clauses.is_insert_only or (not to_rewrite and resolved.not_matched):
-        with job_description(spark, "MERGE operation - writing new files for only inserts"):
+        with phase(spark, "writeAllChanges", "MERGE operation - writing new files for only inserts"):
             return write_inserts_only(
-                spark, snapshot, candidates, source, resolved, repartition=options.repartition_before_write,
+                spark, snapshot, candidates, source, resolved, layout=layout, key_pairs=pairs,
+                unmatched_source=unmatched,
                 source_count_metric="numSourceRows" if clauses.is_insert_only else "numSourceRowsInSecondScan",
             )
     if not to_rewrite:
         return RewriteResult([], {})
-    with job_description(spark, f"MERGE operation - Rewriting {len(to_rewrite)} files"):
+    with phase(spark, "writeAllChanges", f"MERGE operation - Rewriting {len(to_rewrite)} files"):
+        if unmatched is not None:
+            return write_changes_map_side(spark, snapshot, to_rewrite, source, unmatched, resolved, layout=layout)
         return write_all_changes(spark, snapshot, to_rewrite, source, resolved,
-                                 optimize_matched_only=options.optimize_matched_only,
-                                 repartition=options.repartition_before_write, source_rows=source_rows)
+                                 optimize_matched_only=optimize_matched_only, layout=layout,
+                                 broadcast_source=broadcast)
 
 
 def _partitions(snapshot: Snapshot, files: Sequence[DataFile]) -> int:

@@ -10,10 +10,13 @@ source at a more replicated storage level, as Delta's MergeIntoMaterializeSource
 from __future__ import annotations
 
 import logging
-from typing import Literal
+from collections.abc import Sequence
+from typing import Any, Literal
 
 from pyspark import StorageLevel
-from pyspark.sql import DataFrame
+from pyspark.sql import Column, DataFrame, Observation
+
+from streaming_merge.table.scan import PINNED_SCAN_OPTION
 
 log = logging.getLogger(__name__)
 
@@ -34,31 +37,59 @@ def level_for_attempt(levels: tuple[str, ...], attempt: int) -> str:
     return levels[min(attempt - 1, len(levels) - 1)]
 
 
+_LOCAL_LEAVES = ("LocalRelation", "Range", "OneRowRelation")
+
+
+def is_stable(source: DataFrame) -> bool:
+    """True when reading ``source`` twice gives the same rows: a deterministic plan over
+    in-memory local data and our own scans of a Delta table's files (pinned to one version,
+    and Delta files are never changed in place). A Parquet or JSON folder, an RDD, a
+    streaming micro-batch can all change between two reads."""
+    plan = source._jdf.queryExecution().analyzed()
+    if not plan.deterministic():
+        return False
+    leaves = plan.collectLeaves()
+    for i in range(leaves.size()):
+        leaf = leaves.apply(i)
+        name = str(leaf.getClass().getSimpleName())
+        if name in _LOCAL_LEAVES:
+            continue
+        if name == "LogicalRelation" and _is_pinned_scan(leaf):
+            continue
+        return False
+    return True
+
+
+def _is_pinned_scan(leaf: Any) -> bool:
+    try:
+        options = leaf.relation().options()
+        return str(options.get(PINNED_SCAN_OPTION)) == "Some(true)"
+    except Exception:  # not a file relation
+        return False
+
+
 def should_materialize(policy: MaterializePolicy, source: DataFrame, insert_only: bool) -> bool:
     """Delta's ``merge.materializeSource`` policy.
 
-    ``auto`` skips materializing an insert-only merge (its source is read once) and a
-    source that is already a deterministic read of files or local data; anything else
-    (a streaming micro-batch, a UDF, a non-deterministic expression) is materialized.
+    ``auto`` materializes every source that is not stable (see ``is_stable``) unless the
+    merge is insert-only (its source is read once).
     """
     if policy == "all":
         return True
     if policy == "none" or insert_only:
         return False
-    plan = source._jdf.queryExecution().analyzed()
-    if not plan.deterministic():
-        return True
-    leaves = plan.collectLeaves()
-    for i in range(leaves.size()):
-        name = str(leaves.apply(i).getClass().getSimpleName())
-        if name not in ("LogicalRelation", "LocalRelation", "LogicalRDD", "Range"):
-            return True
-    return False
+    return not is_stable(source)
 
 
-def materialize(source: DataFrame, level_name: str) -> DataFrame:
-    """Eager local checkpoint of ``source`` at the given storage level."""
-    return source.localCheckpoint(eager=True, storageLevel=storage_level(level_name))
+def materialize(source: DataFrame, level_name: str, observed: Sequence[Column] = ()
+                ) -> tuple[DataFrame, dict[str, Any]]:
+    """Eager local checkpoint of ``source`` at the given storage level, with the aggregates
+    ``observed`` computed in the same job (one pass over the source, not one per question)."""
+    if not observed:
+        return source.localCheckpoint(eager=True, storageLevel=storage_level(level_name)), {}
+    observation = Observation()
+    frame = source.observe(observation, *observed).localCheckpoint(eager=True, storageLevel=storage_level(level_name))
+    return frame, dict(observation.get)
 
 
 def checkpoint_rdd_id(materialized: DataFrame) -> int:

@@ -60,17 +60,21 @@ class ResolvedMerge:
         return [*self.matched, *self.not_matched, *self.not_matched_by_source]
 
 
-def broadcast_if_small(frame: DataFrame, rows: int) -> DataFrame:
-    """Broadcast-hint a source that is known to be small.
+def fits_broadcast(frame: DataFrame, rows: int, threshold: int | None = None) -> bool:
+    """Whether a source of ``rows`` rows is small enough to broadcast.
 
-    A materialized source has no size statistics, so Spark would shuffle both sides and
-    only later (AQE) switch to a broadcast join, after the big target side was already
-    shuffled. We know the row count, so we decide up front with Spark's own threshold.
+    A materialized source has no size statistics, so Spark could not decide this up front;
+    we know the row count, so we decide with Spark's own threshold
+    (``spark.sql.autoBroadcastJoinThreshold``) unless the MERGE sets its own.
     """
-    spark = frame.sparkSession
-    threshold = int(spark._jsparkSession.sessionState().conf().autoBroadcastJoinThreshold())
-    width = sum(_WIDTHS.get(type(f.dataType).__name__, 32) for f in frame.schema.fields)
-    return F.broadcast(frame) if threshold >= 0 and rows * width <= threshold else frame
+    if threshold is None:
+        spark = frame.sparkSession
+        threshold = int(spark._jsparkSession.sessionState().conf().autoBroadcastJoinThreshold())
+    return threshold >= 0 and rows * estimated_row_bytes(frame) <= threshold
+
+
+def estimated_row_bytes(frame: DataFrame) -> int:
+    return sum(_WIDTHS.get(type(f.dataType).__name__, 32) for f in frame.schema.fields)
 
 
 _WIDTHS = {"BooleanType": 1, "ByteType": 1, "ShortType": 2, "IntegerType": 4, "LongType": 8, "FloatType": 4,

@@ -21,9 +21,9 @@ from streaming_merge.merge.resolve import (
     TARGET_PRESENT,
     ResolvedClause,
     ResolvedMerge,
-    broadcast_if_small,
     qualified,
 )
+from streaming_merge.merge.touched import join_partitions
 from streaming_merge.table.scan import scan_files
 from streaming_merge.table.snapshot import DataFile, Snapshot
 from streaming_merge.table.write import WrittenFile, write_files
@@ -91,11 +91,26 @@ def _codes(clauses: Sequence[ResolvedClause], delete: bool) -> list[int]:
     return [c.code for c in clauses if c.clause.is_delete == delete]
 
 
+@dataclass(frozen=True)
+class FileLayout:
+    """How the new files are cut: one file per partition value (a shuffle on the partition
+    columns) when ``repartition`` is on, and as few files as ``target_file_size`` allows."""
+
+    repartition: bool
+    target_file_size: int
+    estimated_bytes: int  # the rewritten files' bytes plus the source's, a bound on the output
+
+
 def _write(spark: SparkSession, snapshot: Snapshot, frame: DataFrame, resolved: ResolvedMerge,
-           repartition: bool) -> list[WrittenFile]:
+           layout: FileLayout) -> list[WrittenFile]:
     partition_columns = snapshot.partition_columns
-    if partition_columns and repartition:
-        frame = frame.repartition(*[F.col(f"`{c}`") for c in partition_columns])
+    files = max(1, -(-layout.estimated_bytes // max(1, layout.target_file_size)))
+    if partition_columns and layout.repartition:
+        buckets = max(1, min(int(spark.conf.get("spark.sql.shuffle.partitions") or 1),
+                             int(spark.sparkContext.defaultParallelism) * files))
+        frame = frame.repartition(buckets, *[F.col(f"`{c}`") for c in partition_columns])
+    elif not partition_columns:
+        frame = frame.coalesce(files)
     return write_files(spark, frame, snapshot.table_path, resolved.output_schema, partition_columns)
 
 
@@ -107,14 +122,14 @@ def write_all_changes(
     resolved: ResolvedMerge,
     *,
     optimize_matched_only: bool,
-    repartition: bool,
-    source_rows: int,
+    layout: FileLayout,
+    broadcast_source: bool,
 ) -> RewriteResult:
     """Rewrite the touched files with every clause applied, plus the inserted rows."""
     src_obs, out_obs = Observation(), Observation()
     matched_only = optimize_matched_only and resolved.clauses.is_matched_only
-    if matched_only:  # a right outer join can build its left side: broadcast a small source
-        source = broadcast_if_small(source, source_rows)
+    if matched_only and broadcast_source:  # a right outer join can build its left side
+        source = F.broadcast(source)
     src = (source.alias(resolved.source_alias).withColumn(SOURCE_PRESENT, F.lit(True))
            .observe(src_obs, F.count(F.lit(1)).alias("rows")))
     tgt = (scan_files(spark, snapshot, files_to_rewrite, schema=resolved.output_schema)
@@ -140,8 +155,53 @@ def write_all_changes(
     )
     dropped = [DROP, *_codes(resolved.all, delete=True)]
     output = with_action.filter(~F.col(ACTION_COL).isin(dropped)).select(*_outputs(resolved, resolved.all, True))
-    written = _write(spark, snapshot, output, resolved, repartition)
+    written = _write(spark, snapshot, output, resolved, layout)
     counts = observed(out_obs)
+    counts["numSourceRowsInSecondScan"] = observed(src_obs).get("rows", 0)
+    return RewriteResult(written, counts)
+
+
+def write_changes_map_side(
+    spark: SparkSession,
+    snapshot: Snapshot,
+    files_to_rewrite: Sequence[DataFile],
+    source: DataFrame,
+    unmatched_source: DataFrame,
+    resolved: ResolvedMerge,
+    *,
+    layout: FileLayout,
+) -> RewriteResult:
+    """writeAllChanges for a source small enough to broadcast: the touched files LEFT OUTER
+    JOIN broadcast(source), so the target is never shuffled, plus the inserts from the
+    source rows that findTouchedFiles saw match nothing (no second join for them)."""
+    src_obs, target_obs, insert_obs = Observation(), Observation(), Observation()
+    src = F.broadcast(source.alias(resolved.source_alias).withColumn(SOURCE_PRESENT, F.lit(True))
+                      .observe(src_obs, F.count(F.lit(1)).alias("rows")))
+    tgt = (scan_files(spark, snapshot, files_to_rewrite, schema=resolved.output_schema)
+           .alias(resolved.target_alias).withColumn(TARGET_PRESENT, F.lit(True)))
+    target_side = resolved.matched + resolved.not_matched_by_source
+    rewritten = tgt.join(src, resolved.condition, "left_outer")
+    action = F.when(F.col(SOURCE_PRESENT).isNotNull(), _first_applicable(resolved.matched, COPY)).otherwise(
+        _first_applicable(resolved.not_matched_by_source, COPY))
+    rewritten = rewritten.withColumn(ACTION_COL, action).observe(
+        target_obs,
+        _count([COPY], "numTargetRowsCopied"),
+        _count(_codes(resolved.matched, delete=False), "numTargetRowsMatchedUpdated"),
+        _count(_codes(resolved.matched, delete=True), "numTargetRowsMatchedDeleted"),
+        _count(_codes(resolved.not_matched_by_source, delete=False), "numTargetRowsNotMatchedBySourceUpdated"),
+        _count(_codes(resolved.not_matched_by_source, delete=True), "numTargetRowsNotMatchedBySourceDeleted"),
+    )
+    inserts = (unmatched_source.alias(resolved.source_alias)
+               .withColumn(ACTION_COL, _first_applicable(resolved.not_matched, DROP))
+               .observe(insert_obs, _count(_codes(resolved.not_matched, delete=False), "numTargetRowsInserted")))
+    output = (
+        rewritten.filter(~F.col(ACTION_COL).isin([DROP, *_codes(target_side, delete=True)]))
+        .select(*_outputs(resolved, target_side, copy_from_target=True))
+        .unionByName(inserts.filter(F.col(ACTION_COL) != DROP)
+                     .select(*_outputs(resolved, resolved.not_matched, copy_from_target=False)))
+    )
+    written = _write(spark, snapshot, output, resolved, layout)
+    counts = {**observed(target_obs), **observed(insert_obs)}
     counts["numSourceRowsInSecondScan"] = observed(src_obs).get("rows", 0)
     return RewriteResult(written, counts)
 
@@ -153,24 +213,35 @@ def write_inserts_only(
     source: DataFrame,
     resolved: ResolvedMerge,
     *,
-    repartition: bool,
+    layout: FileLayout,
     source_count_metric: str,
+    key_pairs: Sequence[tuple[str, str]] = (),
+    unmatched_source: DataFrame | None = None,
 ) -> RewriteResult:
-    """Insert the source rows that match no target row (left anti join); remove nothing."""
+    """Insert the source rows that match no target row (left anti join, both sides
+    hash-partitioned on the keys: no broadcast job); remove nothing. ``unmatched_source``
+    is used as is when findTouchedFiles already found those rows."""
     src_obs, out_obs = Observation(), Observation()
-    src = (source.alias(resolved.source_alias).withColumn(SOURCE_PRESENT, F.lit(True))
-           .observe(src_obs, F.count(F.lit(1)).alias("rows")))
-    if candidates:
-        tgt = scan_files(spark, snapshot, candidates, schema=resolved.output_schema).alias(resolved.target_alias)
-        unmatched = src.join(tgt, resolved.condition, "left_anti")
+    if unmatched_source is not None:
+        unmatched = unmatched_source.alias(resolved.source_alias).observe(src_obs, F.count(F.lit(1)).alias("rows"))
+    elif candidates:
+        partitions = join_partitions(spark, sum(f.size for f in candidates))
+        tgt = scan_files(spark, snapshot, candidates, schema=resolved.output_schema)
+        if key_pairs:
+            source = source.repartition(partitions, *[F.col(f"`{s}`") for _, s in key_pairs])
+            tgt = tgt.repartition(partitions, *[F.col(f"`{t}`") for t, _ in key_pairs])
+        src = (source.alias(resolved.source_alias).withColumn(SOURCE_PRESENT, F.lit(True))
+               .observe(src_obs, F.count(F.lit(1)).alias("rows")))
+        unmatched = src.join(tgt.alias(resolved.target_alias).hint("shuffle_hash"), resolved.condition, "left_anti")
     else:
-        unmatched = src
+        unmatched = (source.alias(resolved.source_alias).withColumn(SOURCE_PRESENT, F.lit(True))
+                     .observe(src_obs, F.count(F.lit(1)).alias("rows")))
     with_action = unmatched.withColumn(ACTION_COL, _first_applicable(resolved.not_matched, DROP)).observe(
         out_obs, _count(_codes(resolved.not_matched, delete=False), "numTargetRowsInserted")
     )
     output = with_action.filter(F.col(ACTION_COL) != DROP).select(
         *_outputs(resolved, resolved.not_matched, copy_from_target=False))
-    written = _write(spark, snapshot, output, resolved, repartition)
+    written = _write(spark, snapshot, output, resolved, layout)
     counts = observed(out_obs)
     counts[source_count_metric] = observed(src_obs).get("rows", 0)
     return RewriteResult(written, counts)

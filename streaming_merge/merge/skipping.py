@@ -17,7 +17,7 @@ Spark's parser through the JVM (``SparkSession.expression``), never by parsing S
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -283,6 +283,51 @@ def _decoded_paths(stats: pa.Table) -> list[str]:
 
 
 @dataclass(frozen=True)
+class SourceStats:
+    """The source's row count and the [min, max] of some of its columns.
+
+    Observed in the job that materializes the source (or handed in by a caller that already
+    observed them, like the streaming sink), so knowing them costs no pass of its own.
+    ``ranges`` maps a source column to (min, max); both are None when the column holds only
+    NULLs or the source is empty.
+    """
+
+    rows: int
+    ranges: Mapping[str, tuple[Any, Any]]
+
+    def covers(self, columns: Sequence[str]) -> bool:
+        return all(c in self.ranges for c in columns)
+
+
+def source_stats_columns(columns: Sequence[str]) -> list[Column]:
+    """Aggregates giving a SourceStats, for ``DataFrame.observe`` or ``agg``."""
+    aggregates = [F.count(F.lit(1)).alias("rows")]
+    for i, name in enumerate(columns):
+        aggregates += [F.min(F.col(f"`{name}`")).alias(f"lo{i}"), F.max(F.col(f"`{name}`")).alias(f"hi{i}")]
+    return aggregates
+
+
+def source_stats_of(values: Mapping[str, Any], columns: Sequence[str]) -> SourceStats:
+    """SourceStats from the values of ``source_stats_columns`` (an observation or a row)."""
+    return SourceStats(int(values.get("rows") or 0),
+                       {name: (values.get(f"lo{i}"), values.get(f"hi{i}")) for i, name in enumerate(columns)})
+
+
+def compute_source_stats(source: DataFrame, columns: Sequence[str]) -> SourceStats:
+    """One aggregate job over a source that is not materialized (a stable one: local data or
+    pinned table files, or one the caller chose not to materialize)."""
+    row = source.agg(*source_stats_columns(columns)).collect()[0]
+    return source_stats_of(row.asDict(), columns)
+
+
+def skipping_key_pairs(condition: Column, scope: ColumnScope, target_schema: StructType) -> list[tuple[str, str]]:
+    """The ``t.a = s.b`` pairs whose source range can prune target files by their min/max."""
+    types = {f.name: f.dataType for f in target_schema.fields}
+    return [(t, s) for t, s in key_pairs(condition, scope)
+            if isinstance(types[t], AtomicType) and not isinstance(types[t], BinaryType)]
+
+
+@dataclass(frozen=True)
 class SkippingPlan:
     """The predicates that decide which files a MERGE reads; reusable on a later snapshot
     to decide whether a concurrently added file could have matched."""
@@ -292,7 +337,6 @@ class SkippingPlan:
     scope: ColumnScope
     schema: StructType
     skip_nothing: bool
-    source_rows: int  # counted in the same job as the key range; sizes the join strategy
 
     def select(self, spark: SparkSession, snapshot: Snapshot, files: Sequence[DataFile]) -> list[DataFile]:
         """The subset of ``files`` that may hold a row this MERGE matches."""
@@ -328,21 +372,17 @@ class SkippingPlan:
 
 
 def plan_skipping(
-    source: DataFrame,
-    source_alias: str,
-    target_alias: str,
+    scope: ColumnScope,
     target_schema: StructType,
     condition: Column,
     matched_conditions: Sequence[Column] | None,
     has_not_matched_by_source: bool,
-    use_source_key_range: bool,
+    source_stats: SourceStats | None,
 ) -> SkippingPlan:
-    """Work out the skipping predicates; one small job over the source gives its row count
-    and key range."""
-    scope = ColumnScope(target_alias, source_alias, [f.name for f in target_schema.fields], source.columns)
+    """Work out the skipping predicates; the source's key ranges are used when
+    ``source_stats`` has them (they are trusted only for a source read once or stable)."""
     if has_not_matched_by_source:
-        rows = int(source.agg(F.count(F.lit(1))).collect()[0][0])
-        return SkippingPlan((), (), scope, target_schema, skip_nothing=True, source_rows=rows)
+        return SkippingPlan((), (), scope, target_schema, skip_nothing=True)
     target_only = target_only_conjuncts([condition], scope)
     if matched_conditions:
         combined = matched_conditions[0]
@@ -352,17 +392,9 @@ def plan_skipping(
         if scope.is_target_only(combined_node):
             target_only.append(combined_node)
     ranges: list[tuple[str, Any, Any, bool]] = []
-    pairs: list[tuple[str, str]] = []
-    if use_source_key_range:
-        types = {f.name: f.dataType for f in target_schema.fields}
-        pairs = [(t, s) for t, s in key_pairs(condition, scope)
-                 if isinstance(types[t], AtomicType) and not isinstance(types[t], BinaryType)]
-    aggregates = [F.count(F.lit(1)).alias("rows")]
-    for i, (_, s) in enumerate(pairs):
-        column = F.col(f"`{source_alias}`.`{s}`")
-        aggregates += [F.min(column).alias(f"lo{i}"), F.max(column).alias(f"hi{i}")]
-    row = source.alias(source_alias).agg(*aggregates).collect()[0]
-    for i, (t, _) in enumerate(pairs):
-        ranges.append((t, row[f"lo{i}"], row[f"hi{i}"], row[f"lo{i}"] is not None))
-    return SkippingPlan(target_only, ranges, scope, target_schema, skip_nothing=False,
-                        source_rows=int(row["rows"]))
+    if source_stats is not None:
+        for t, s in skipping_key_pairs(condition, scope, target_schema):
+            if s in source_stats.ranges:
+                low, high = source_stats.ranges[s]
+                ranges.append((t, low, high, low is not None))
+    return SkippingPlan(target_only, ranges, scope, target_schema, skip_nothing=False)

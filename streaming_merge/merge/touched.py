@@ -16,12 +16,12 @@ from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from streaming_merge.errors import MultipleSourceRowMatchingTargetRowError
+from streaming_merge.merge.materialize import storage_level
 from streaming_merge.merge.resolve import (
     SOURCE_PRESENT,
     TARGET_PRESENT,
     ResolvedClause,
     ResolvedMerge,
-    broadcast_if_small,
     qualified,
 )
 from streaming_merge.table.scan import FILE_PATH_COL, ROW_INDEX_COL, scan_files, spark_file_paths
@@ -41,8 +41,14 @@ MULTIPLE_MATCH_MESSAGE = (
 @dataclass(frozen=True)
 class TouchedFiles:
     files: list[DataFile]
-    num_source_rows: int
     matched_target_rows: int
+    # Source rows that matched no target row in the candidate files (the inserts), kept
+    # from the join when the caller asked for them; ``checkpoint`` holds their blocks.
+    unmatched_source: DataFrame | None = None
+    checkpoint: DataFrame | None = None
+
+
+TOUCH_COL = "__sm_touch__"
 
 
 def any_of(clauses: Sequence[ResolvedClause]) -> Column:
@@ -55,43 +61,75 @@ def any_of(clauses: Sequence[ResolvedClause]) -> Column:
     return result if result is not None else F.lit(False)
 
 
+def join_partitions(spark: SparkSession, num_bytes: int) -> int:
+    """Shuffle partitions for a MERGE join over ``num_bytes`` of target files: enough to use
+    every core on big inputs, one for small ones (each empty task costs milliseconds)."""
+    parallelism = max(1, int(spark.sparkContext.defaultParallelism))
+    return max(1, min(parallelism, -(-num_bytes // _BYTES_PER_JOIN_PARTITION)))
+
+
+_BYTES_PER_JOIN_PARTITION = 8 * 1024 * 1024
+
+
 def find_touched_files(
     spark: SparkSession,
     snapshot: Snapshot,
     candidates: Sequence[DataFile],
     source: DataFrame,
     resolved: ResolvedMerge,
-    key_columns: Sequence[str],
-    source_rows: int,
+    key_pairs: Sequence[tuple[str, str]],
+    *,
+    keep_unmatched_source: str | None = None,
 ) -> TouchedFiles:
-    """Touched files among ``candidates``; raises on multiple matches (Delta's rule)."""
+    """Touched files among ``candidates``; raises on multiple matches (Delta's rule).
+
+    One Spark job: source and target (key columns and row ids only) are hash-partitioned on
+    the join keys and joined without a broadcast, then the matches are counted per target
+    row and folded per file. With ``keep_unmatched_source`` (a storage level) the join is a
+    left outer join from the source and is checkpointed as it is computed, so the source
+    rows that matched nothing (the inserts) can be written later without joining again.
+    """
     source_alias, target_alias = resolved.source_alias, resolved.target_alias
     if not candidates:
-        return TouchedFiles([], source_rows, 0)
-    src = broadcast_if_small(source, source_rows).alias(source_alias).withColumn(SOURCE_PRESENT, F.lit(True))
-    tgt = (scan_files(spark, snapshot, candidates, with_row_id=True, schema=resolved.output_schema)
-           .alias(target_alias).withColumn(TARGET_PRESENT, F.lit(True)))
+        return TouchedFiles([], 0, source if keep_unmatched_source else None)
+    partitions = join_partitions(spark, sum(f.size for f in candidates))
+    src, tgt = source, scan_files(spark, snapshot, candidates, with_row_id=True, schema=resolved.output_schema)
+    if key_pairs:
+        src = src.repartition(partitions, *[F.col(f"`{s}`") for _, s in key_pairs])
+        tgt = tgt.repartition(partitions, *[F.col(f"`{t}`") for t, _ in key_pairs])
+    src = src.alias(source_alias).withColumn(SOURCE_PRESENT, F.lit(True)).hint("shuffle_hash")
+    tgt = tgt.alias(target_alias).withColumn(TARGET_PRESENT, F.lit(True))
     clauses = resolved.clauses
     has_nmbs = bool(resolved.not_matched_by_source)
-    joined = src.join(tgt, resolved.condition, "right_outer" if has_nmbs else "inner")
+    join_type = "right_outer" if has_nmbs else "left_outer" if keep_unmatched_source else "inner"
+    joined = src.join(tgt, resolved.condition, join_type)
 
     matched_touch = any_of(resolved.matched) if clauses.is_matched_only else F.lit(True)
     unmatched_touch = any_of(resolved.not_matched_by_source) if has_nmbs else F.lit(False)
     touch = F.coalesce(
         F.when(F.col(SOURCE_PRESENT).isNotNull(), matched_touch).otherwise(unmatched_touch), F.lit(False)
     )
-    key_values = [F.first(qualified(target_alias, k)).alias(f"key_{i}") for i, k in enumerate(key_columns)]
-    per_row = joined.groupBy(FILE_PATH_COL, ROW_INDEX_COL).agg(
-        F.count(SOURCE_PRESENT).alias("matches"), F.max(touch.cast("int")).alias("touch"), *key_values
+    key_columns = [t for t, _ in key_pairs]
+    source_columns = [c for c in source.columns if c not in (SOURCE_PRESENT, TARGET_PRESENT)]
+    rows = joined.select(
+        *([qualified(source_alias, c).alias(c) for c in source_columns] if keep_unmatched_source else []),
+        F.col(SOURCE_PRESENT), F.col(FILE_PATH_COL), F.col(ROW_INDEX_COL), touch.cast("int").alias(TOUCH_COL),
+        *[qualified(target_alias, k).alias(f"key_{i}") for i, k in enumerate(key_columns)],
     )
+    checkpoint = None
+    if keep_unmatched_source:
+        rows = checkpoint = rows.localCheckpoint(eager=False, storageLevel=storage_level(keep_unmatched_source))
+    per_row = (rows.filter(F.col(FILE_PATH_COL).isNotNull())
+               .repartition(partitions, F.col(FILE_PATH_COL))
+               .groupBy(FILE_PATH_COL, ROW_INDEX_COL)
+               .agg(F.count(SOURCE_PRESENT).alias("matches"), F.max(TOUCH_COL).alias("touch"),
+                    *[F.first(f"key_{i}").alias(f"key_{i}") for i in range(len(key_columns))]))
     per_file = per_row.groupBy(FILE_PATH_COL).agg(
         F.max("matches").alias("max_matches"),
         F.max("touch").alias("touch"),
         F.sum(F.when(F.col("matches") > 0, 1).otherwise(0)).alias("matched_rows"),
     )
     summary = per_file.collect()
-    num_source_rows = source_rows  # counted with the key range; an observation here could be
-    # optimized away with an empty join (AQE's empty-relation propagation drops CollectMetrics)
 
     exempt = clauses.is_only_one_unconditional_delete
     if not exempt and any((row["max_matches"] or 0) > 1 for row in summary):
@@ -102,7 +140,10 @@ def find_touched_files(
     by_spark_path = dict(zip(spark_file_paths(spark, snapshot.table_path, candidates), candidates, strict=True))
     touched = [by_spark_path[row[FILE_PATH_COL]] for row in summary if row["touch"]]
     matched_rows = sum(int(row["matched_rows"] or 0) for row in summary)
-    return TouchedFiles(touched, num_source_rows, matched_rows)
+    unmatched = None
+    if checkpoint is not None:
+        unmatched = checkpoint.filter(F.col(FILE_PATH_COL).isNull()).select(*[F.col(f"`{c}`") for c in source_columns])
+    return TouchedFiles(touched, matched_rows, unmatched, checkpoint)
 
 
 def _raise_multiple_matches(offending: list, key_columns: Sequence[str]) -> None:

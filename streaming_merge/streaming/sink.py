@@ -138,7 +138,7 @@ class MergeSink:
         for attempt in range(1, self._max_attempts + 1):
             level = level_for_attempt(self._storage_levels, attempt)
             materialize_started = time.monotonic()
-            batch = materialize(batch_df, level)
+            batch, _ = materialize(batch_df, level)
             materialize_ms = _ms(materialize_started)
             try:
                 self._apply(spark, batch, batch_id, app_id, attempt, started, materialize_ms)

@@ -26,7 +26,7 @@ from pyspark.sql.types import StructType
 
 from streaming_merge.errors import ConcurrentModificationError, DeltaTableError
 from streaming_merge.table.schema import spark_to_delta_json
-from streaming_merge.table.snapshot import DataFile, Snapshot, load_snapshot, open_table
+from streaming_merge.table.snapshot import DataFile, Snapshot, advance, load_snapshot, open_table
 from streaming_merge.table.write import WrittenFile, partition_value_string
 
 log = logging.getLogger(__name__)
@@ -92,11 +92,12 @@ def commit(request: CommitRequest) -> int:
         "operationMetrics": {k: _text(v) for k, v in request.operation_metrics.items()},
     }
     schema = RsSchema.from_json(spark_to_delta_json(snapshot.schema))
+    # Asked before the snapshot's log handle moves on to newer versions.
+    applied = snapshot.transaction_version(request.app_id) if request.app_id is not None else None
     for _ in range(_MAX_COMMIT_RACES):
-        checked = _check_concurrent_commits(request)
-        table = open_table(snapshot.table_path, checked.version)
+        checked = _check_concurrent_commits(request, applied)
         try:
-            table.create_write_transaction(
+            checked._table.create_write_transaction(
                 actions,
                 mode="append",
                 schema=schema,
@@ -106,7 +107,7 @@ def commit(request: CommitRequest) -> int:
                 ),
             )
         except CommitFailedError as exc:
-            if open_table(snapshot.table_path).version() > checked.version:
+            if advance(checked).version > checked.version:
                 log.info("A commit to %s won version %d; checking it and retrying",
                          snapshot.table_path, checked.version + 1)
                 continue
@@ -156,16 +157,20 @@ def add_columns(snapshot: Snapshot, evolved: StructType) -> Snapshot:
     return evolved_snapshot
 
 
-def _check_concurrent_commits(request: CommitRequest) -> Snapshot:
-    """Check every commit after the read version; return the latest snapshot checked."""
+def _check_concurrent_commits(request: CommitRequest, applied_at_read: int | None) -> Snapshot:
+    """Check every commit after the read version; return the latest snapshot checked.
+
+    Only the commits after the read version are read (the snapshot's log handle is brought
+    up to date), so a commit costs no second load of the whole log.
+    """
     snapshot = request.snapshot
-    latest = load_snapshot(snapshot.table_path)
+    latest = advance(snapshot)
     if latest.version == snapshot.version:
         return latest
     versions = f"versions {snapshot.version + 1}..{latest.version}"
     if request.app_id is not None:
         applied = latest.transaction_version(request.app_id)
-        if applied != snapshot.transaction_version(request.app_id):
+        if applied != applied_at_read:
             raise ConcurrentModificationError(
                 f"A concurrent commit ({versions}) recorded transaction {request.app_id!r} version "
                 f"{applied} in `{snapshot.table_path}` while this one (version {request.app_version}) ran; "
@@ -173,7 +178,7 @@ def _check_concurrent_commits(request: CommitRequest) -> Snapshot:
             )
     if (latest.schema != snapshot.schema or latest.partition_columns != snapshot.partition_columns
             or latest.configuration != snapshot.configuration
-            or latest._table.protocol() != snapshot._table.protocol()):
+            or latest.protocol != snapshot.protocol):
         raise ConcurrentModificationError(
             f"The metadata or protocol of `{snapshot.table_path}` changed in {versions}; "
             f"rerun the {request.operation}."

@@ -18,6 +18,7 @@ from streaming_merge.table.schema import data_columns
 from streaming_merge.table.snapshot import DataFile, Snapshot
 
 FILE_PATH_COL = "_sm_file_path_"
+PINNED_SCAN_OPTION = "streaming_merge.pinnedFiles"
 ROW_INDEX_COL = "_sm_row_index_"
 
 
@@ -58,7 +59,9 @@ def scan_files(
 
     file_schema = data_columns(table_schema, partition_columns)
     paths = [snapshot.absolute_path(f.path) for f in files]
-    data = spark.read.schema(file_schema).parquet(*paths)
+    # The marker tells the MERGE that this read is pinned to immutable files of one version
+    # (streaming_merge.merge.materialize.is_stable), so it need not be materialized.
+    data = spark.read.schema(file_schema).option(PINNED_SCAN_OPTION, "true").parquet(*paths)
     data = data.select(
         *[F.col(f"`{f.name}`") for f in file_schema.fields],
         F.col("_metadata.file_path").alias(FILE_PATH_COL),

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import unquote
 
@@ -17,6 +17,7 @@ from deltalake import DeltaTable as _RsTable
 from deltalake.exceptions import TableNotFoundError
 from pyspark.sql.types import ArrayType, DataType, MapType, StructType
 
+from streaming_merge._profile import count_log_load
 from streaming_merge.errors import DeltaTableError, NotADeltaTableError, UnsupportedTableFeatureError
 from streaming_merge.table.schema import delta_json_to_spark
 
@@ -39,7 +40,13 @@ class DataFile:
 
 @dataclass(frozen=True)
 class Snapshot:
-    """The table at ``version``; ``stats`` is delta-rs' flattened add-action table."""
+    """The table at ``version``; ``stats`` is delta-rs' flattened add-action table.
+
+    ``_table`` is the delta-rs handle it was read from. ``advance`` moves that handle on to
+    the latest version (reading only the newer commits) for the commit's conflict check, so
+    everything a snapshot answers is captured at load time, except ``transaction_version``,
+    which is asked before the handle moves.
+    """
 
     table_path: str
     version: int
@@ -48,7 +55,10 @@ class Snapshot:
     files: list[DataFile]
     stats: pa.Table
     configuration: dict[str, str | None]
+    protocol: Any
     _table: _RsTable
+    # "moved": the log handle was advanced past ``version``; txn lookups are cached here.
+    _state: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
     @property
     def num_bytes(self) -> int:
@@ -56,10 +66,21 @@ class Snapshot:
 
     def transaction_version(self, app_id: str) -> int | None:
         """Latest ``txn`` version recorded for ``app_id`` at this snapshot."""
-        return self._table.transaction_version(app_id)
+        key = f"txn:{app_id}"
+        if key not in self._state:
+            table = open_table(self.table_path, self.version) if self._state.get("moved") else self._table
+            self._state[key] = table.transaction_version(app_id)
+        return self._state[key]
 
     def absolute_path(self, relative: str) -> str:
         return os.path.join(self.table_path, relative)
+
+
+def require_table(path: str) -> None:
+    """Raise ``NotADeltaTableError`` naming ``path`` when no Delta log is there, without
+    loading the log (the MERGE loads it once, when it takes its snapshot)."""
+    if not table_exists(path):
+        raise NotADeltaTableError(f"`{path}` is not a Delta table: no transaction log was found there.")
 
 
 def table_exists(path: str) -> bool:
@@ -71,6 +92,7 @@ def table_exists(path: str) -> bool:
 
 def open_table(path: str, version: int | None = None) -> _RsTable:
     """delta-rs handle on ``path``; raises ``NotADeltaTableError`` with the path when absent."""
+    count_log_load()
     try:
         return _RsTable(path, version=version)
     except TableNotFoundError as exc:
@@ -89,7 +111,26 @@ def open_table(path: str, version: int | None = None) -> _RsTable:
 def load_snapshot(path: str, version: int | None = None) -> Snapshot:
     """Snapshot of the table at ``version`` (latest when None)."""
     path = os.path.abspath(path)
-    table = open_table(path, version)
+    return _snapshot_of(path, open_table(path, version))
+
+
+def advance(snapshot: Snapshot) -> Snapshot:
+    """The latest snapshot of the table, read by applying only the commits after
+    ``snapshot.version`` to its log handle (no second log load)."""
+    table = snapshot._table
+    count_log_load(incremental=True)
+    try:
+        table.update_incremental()
+        snapshot._state["moved"] = True
+    except Exception as exc:
+        raise DeltaTableError(f"Cannot read the new commits of `{snapshot.table_path}`: {exc}") from exc
+    if table.version() == snapshot.version:
+        snapshot._state.pop("moved")
+        return snapshot
+    return _snapshot_of(snapshot.table_path, table)
+
+
+def _snapshot_of(path: str, table: _RsTable) -> Snapshot:
     metadata = table.metadata()
     schema = delta_json_to_spark(table.schema().to_json())
     partition_columns = list(metadata.partition_columns)
@@ -103,6 +144,7 @@ def load_snapshot(path: str, version: int | None = None) -> Snapshot:
         files=files,
         stats=stats,
         configuration=dict(metadata.configuration),
+        protocol=table.protocol(),
         _table=table,
     )
 
@@ -123,7 +165,7 @@ def _data_files(stats: pa.Table, partition_columns: list[str]) -> list[DataFile]
 
 def check_writable(snapshot: Snapshot) -> None:
     """Refuse, before anything is written, a table whose features we cannot keep correct."""
-    protocol = snapshot._table.protocol()
+    protocol = snapshot.protocol
     path = snapshot.table_path
     if protocol.min_reader_version > _MAX_READER_VERSION or protocol.min_writer_version > _MAX_WRITER_VERSION:
         raise UnsupportedTableFeatureError(
