@@ -38,6 +38,10 @@ def local_session(
         .config("spark.sql.session.timeZone", "UTC")
         .config("spark.driver.memory", "2g")
         .config("spark.sql.adaptive.enabled", "true")
+        # PySpark 4 otherwise records the Python call site of every Column function in the
+        # JVM (about five py4j round trips per call) for error messages: hundreds of round
+        # trips per MERGE, a third of a small MERGE's driver time.
+        .config("spark.python.sql.dataFrameDebugging.enabled", "false")
     )
     for key, value in (extra_conf or {}).items():
         builder = builder.config(key, value)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -84,6 +85,9 @@ class MergeOptions:
     # The source's row count and key ranges when the caller already observed them (the
     # streaming sink does, while materializing the batch): saves the MERGE a pass.
     source_stats: SourceStats | None = field(default=None, compare=False)
+    # The target as the caller just read it (the sink does, for its txn check): saves the
+    # MERGE its log load. Used on the first attempt only; a rerun reads the log again.
+    snapshot: Snapshot | None = field(default=None, compare=False)
     # Called with a phase name and the (materialized) source between phases; for
     # diagnostics and fault-injection tests.
     phase_hook: PhaseHook | None = field(default=None, compare=False)
@@ -181,7 +185,9 @@ def _run_once(spark: SparkSession, request: MergeRequest, clauses: ClauseSet, at
               materializing: bool) -> MergeMetrics:
     started = time.monotonic()
     with phase(spark, "snapshot"):
-        snapshot = load_snapshot(request.table_path)
+        given = request.options.snapshot
+        reuse = attempt == 1 and given is not None and given.table_path == os.path.abspath(request.table_path)
+        snapshot = given if reuse and given is not None else load_snapshot(request.table_path)
         check_writable(snapshot)
         check_partition_columns(snapshot.schema, snapshot.partition_columns)
         if request.app_id is not None and request.app_version is not None:

@@ -93,8 +93,14 @@ def materialize(source: DataFrame, level_name: str, observed: Sequence[Column] =
 
 
 def checkpoint_rdd_id(materialized: DataFrame) -> int:
-    """The RDD holding the materialized blocks (tests drop its blocks to simulate loss)."""
-    return int(materialized._jdf.queryExecution().analyzed().rdd().id())
+    """The RDD holding the materialized blocks under ``materialized`` (a checkpoint, or a
+    projection or filter of one); tests drop its blocks to simulate their loss."""
+    leaves = materialized._jdf.queryExecution().analyzed().collectLeaves()
+    for i in range(leaves.size()):
+        leaf = leaves.apply(i)
+        if str(leaf.getClass().getSimpleName()) == "LogicalRDD":
+            return int(leaf.rdd().id())
+    raise ValueError("the DataFrame reads no materialized (checkpointed) data")
 
 
 def release(materialized: DataFrame) -> None:

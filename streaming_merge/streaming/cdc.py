@@ -19,12 +19,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from pyspark.sql import Column, DataFrame, Window
+from pyspark.sql import Column, DataFrame, Observation, Window
 from pyspark.sql import functions as F
 
 from streaming_merge.errors import MergeAnalysisError, MultipleSourceRowMatchingTargetRowError
 
 DELETE_FLAG = "__sm_is_delete__"
+NULL_KEY_FLAG = "__sm_null_key__"
 ORDER_COL = "__sm_batch_order__"
 SEQUENCE_COL = "__sm_sequence__"
 Dedupe = Literal["last", "error"]
@@ -101,6 +102,58 @@ def prepare(batch: DataFrame, spec: CdcSpec) -> DataFrame:
     window = Window.partitionBy(*[F.col(f"`{k}`") for k in spec.keys]).orderBy(*order)
     return (rows.withColumn("__sm_rank__", F.row_number().over(window))
             .filter(F.col("__sm_rank__") == 1).drop("__sm_rank__", ORDER_COL))
+
+
+@dataclass(frozen=True)
+class PreparedBatch:
+    """A micro-batch ready to be materialized in one job: one event per key plus the rows
+    with a NULL key (flagged ``NULL_KEY_FLAG``, kept for the dead-letter table), and the
+    observations that job fills in.
+
+    ``counts`` (over the raw batch): ``rows``, ``nullKeys``, ``deletes``. ``stats`` (over
+    the events kept): ``rows`` and ``lo{i}``/``hi{i}``, the min/max of the i-th key column,
+    in the form ``streaming_merge.merge.skipping.source_stats_of`` reads.
+    """
+
+    frame: DataFrame
+    counts: Observation
+    stats: Observation
+
+
+def prepare_observed(batch: DataFrame, spec: CdcSpec, partitions: int) -> PreparedBatch:
+    """``prepare`` as one plan whose counts and key ranges are observed while it runs.
+
+    The NULL-key rows stay in the frame (flagged) instead of being filtered in a second
+    read of the batch, and the batch is hash-partitioned on the keys once, which is the
+    partitioning the newest-per-key window needs.
+    """
+    spec.check_columns(batch.columns)
+    is_delete = F.coalesce(F.expr(spec.delete_when) if isinstance(spec.delete_when, str) else spec.delete_when,
+                           F.lit(False)) if spec.delete_when is not None else F.lit(False)
+    counts, stats = Observation(), Observation()
+    rows = (batch.withColumn(NULL_KEY_FLAG, null_key_filter(spec)).withColumn(DELETE_FLAG, is_delete)
+            .observe(counts, F.count(F.lit(1)).alias("rows"),
+                     F.count(F.when(F.col(NULL_KEY_FLAG), 1)).alias("nullKeys"),
+                     F.count(F.when(F.col(DELETE_FLAG), 1)).alias("deletes")))
+    keys = [F.col(f"`{k}`") for k in spec.keys]
+    if spec.dedupe == "error":
+        _fail_on_duplicates(rows.filter(~F.col(NULL_KEY_FLAG)), spec)
+        kept = rows
+    else:
+        order: list[Column] = []
+        if spec.sequence_by:
+            order.append(spec.sequence().desc_nulls_last())
+        order.append(F.col(ORDER_COL).desc())
+        window = Window.partitionBy(*keys).orderBy(*order)
+        kept = (rows.withColumn(ORDER_COL, F.monotonically_increasing_id())
+                .repartition(partitions, *keys)
+                .withColumn("__sm_rank__", F.row_number().over(window))
+                .filter(F.col(NULL_KEY_FLAG) | (F.col("__sm_rank__") == 1)).drop("__sm_rank__", ORDER_COL))
+    valid = ~F.col(NULL_KEY_FLAG)
+    aggregates = [F.count(F.when(valid, 1)).alias("rows")]
+    for i, key in enumerate(keys):
+        aggregates += [F.min(F.when(valid, key)).alias(f"lo{i}"), F.max(F.when(valid, key)).alias(f"hi{i}")]
+    return PreparedBatch(kept.observe(stats, *aggregates), counts, stats)
 
 
 def _fail_on_duplicates(rows: DataFrame, spec: CdcSpec) -> None:

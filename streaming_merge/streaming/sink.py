@@ -9,6 +9,7 @@ checkpoint and so is stable across restarts.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import logging
 import os
@@ -16,7 +17,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import DataFrame, Observation, SparkSession
 from pyspark.sql import functions as F
 
 from streaming_merge.delta_table import DeltaTable
@@ -27,7 +28,7 @@ from streaming_merge.errors import (
     StreamingMergeError,
 )
 from streaming_merge.merge.builder import DeltaMergeBuilder
-from streaming_merge.merge.command import MergeOptions
+from streaming_merge.merge.command import MergeOptions, merge_conf
 from streaming_merge.merge.materialize import (
     DEFAULT_STORAGE_LEVELS,
     is_lost_block_error,
@@ -36,11 +37,12 @@ from streaming_merge.merge.materialize import (
     release,
 )
 from streaming_merge.merge.metrics import DELTA_METRICS, MergeMetrics
-from streaming_merge.streaming.cdc import DELETE_FLAG, CdcSpec, Dedupe, null_key_filter, prepare
+from streaming_merge.merge.skipping import SourceStats, source_stats_of
+from streaming_merge.streaming.cdc import DELETE_FLAG, NULL_KEY_FLAG, CdcSpec, Dedupe, prepare_observed
 from streaming_merge.streaming.progress import MergeProgress, ProgressLog
 from streaming_merge.streaming.tombstones import Tombstones
 from streaming_merge.table.append import append_rows
-from streaming_merge.table.snapshot import load_snapshot, table_exists
+from streaming_merge.table.snapshot import Snapshot, load_snapshot, table_exists
 
 log = logging.getLogger(__name__)
 
@@ -127,21 +129,11 @@ class MergeSink:
         started = time.monotonic()
         spark = batch_df.sparkSession
         app_id = self._resolve_app_id(spark)
-        if table_exists(self.target):
-            applied = load_snapshot(self.target).transaction_version(app_id)
-            if applied is not None and applied >= batch_id:
-                self._report(MergeProgress(
-                    batchId=batch_id, appId=app_id, tableVersion=load_snapshot(self.target).version, skipped=True,
-                    attempts=0, numInputRows=0, numRowsAfterDedupe=0, numNullKeyRows=0, numLateRowsDropped=0,
-                    durationMs={"total": _ms(started)}, metrics={}, timestamp=_now(), target=self.target))
-                return
         for attempt in range(1, self._max_attempts + 1):
             level = level_for_attempt(self._storage_levels, attempt)
-            materialize_started = time.monotonic()
-            batch, _ = materialize(batch_df, level)
-            materialize_ms = _ms(materialize_started)
             try:
-                self._apply(spark, batch, batch_id, app_id, attempt, started, materialize_ms)
+                with merge_conf(spark):
+                    self._run_batch(spark, batch_df, batch_id, app_id, attempt, level, started)
                 return
             except Exception as exc:
                 lost = is_lost_block_error(exc)
@@ -155,8 +147,86 @@ class MergeSink:
                     raise
                 log.warning("Batch %d into %s failed on attempt %d (%s); rerunning the batch", batch_id,
                             self.target, attempt, type(exc).__name__)
-            finally:
-                release(batch)
+
+    def _run_batch(self, spark: SparkSession, batch_df: DataFrame, batch_id: int, app_id: str, attempt: int,
+                   level: str, started: float) -> None:
+        """One attempt: the txn check, one materialization of the prepared batch (counts and
+        key ranges observed in that job), the tombstone filter, the MERGE."""
+        snapshot = load_snapshot(self.target) if table_exists(self.target) else None
+        if snapshot is not None:
+            applied = snapshot.transaction_version(app_id)
+            if applied is not None and applied >= batch_id:
+                self._report(MergeProgress(
+                    batchId=batch_id, appId=app_id, tableVersion=snapshot.version, skipped=True,
+                    attempts=attempt - 1, numInputRows=0, numRowsAfterDedupe=0, numNullKeyRows=0,
+                    numLateRowsDropped=0, durationMs={"total": _ms(started)}, metrics={}, timestamp=_now(),
+                    target=self.target))
+                return
+        materialize_started = time.monotonic()
+        batch, counts, stats = self._materialize(spark, batch_df, level)
+        try:
+            materialize_ms = _ms(materialize_started)
+            if self._phase_hook:
+                self._phase_hook("after_materialize", batch)
+            num_input, null_keys, delete_events = counts
+            if num_input == 0:
+                self._report(MergeProgress(
+                    batchId=batch_id, appId=app_id, tableVersion=None, skipped=False, attempts=attempt,
+                    numInputRows=0, numRowsAfterDedupe=0, numNullKeyRows=0, numLateRowsDropped=0,
+                    durationMs={"materialize": materialize_ms, "total": _ms(started)}, metrics={},
+                    timestamp=_now(), target=self.target))
+                return
+            source = batch
+            if self._spec is not None:
+                dead_letter_rows = self._route_null_keys(spark, batch, batch_id, app_id, null_keys)
+                source = batch.filter(~F.col(NULL_KEY_FLAG)).drop(NULL_KEY_FLAG)
+                if self._phase_hook:
+                    self._phase_hook("after_prepare", source)
+            else:
+                dead_letter_rows = 0
+            tombstones_started = time.monotonic()
+            merge_stats: SourceStats | None = stats
+            filtered = None
+            if self._tombstones is not None:
+                tombstone_snapshot = self._tombstones.snapshot()
+                filtered = self._tombstones.without_late(spark, source, stats.ranges, tombstone_snapshot)
+                if filtered is not None:
+                    source, merge_stats = filtered, None  # the MERGE materializes it and counts what is left
+            self._ensure_table(spark, source)
+            if self._tombstones is not None and delete_events:
+                self._tombstones.record(spark, source, app_id, batch_id, tombstone_snapshot)
+            tombstones_ms = _ms(tombstones_started)
+            execute_started = time.monotonic()
+            metrics = self._merge(spark, source, app_id, batch_id, merge_stats, snapshot)
+            execute_ms = _ms(execute_started)
+        finally:
+            release(batch)
+        late = stats.rows - int(metrics["numSourceRows"] or 0) if filtered is not None and not metrics["skipped"] \
+            else 0
+        merge_ms = int(metrics["scanTimeMs"] or 0) + int(metrics["rewriteTimeMs"] or 0)
+        self._report(MergeProgress(
+            batchId=batch_id, appId=app_id, tableVersion=metrics["tableVersion"],  # type: ignore[arg-type]
+            skipped=bool(metrics["skipped"]), attempts=attempt, numInputRows=num_input,
+            numRowsAfterDedupe=stats.rows, numNullKeyRows=null_keys, numLateRowsDropped=late,
+            durationMs={"materialize": materialize_ms, "tombstones": tombstones_ms,
+                        "merge": merge_ms, "commit": max(0, execute_ms - merge_ms), "total": _ms(started)},
+            metrics={name: int(metrics[name] or 0) for name in DELTA_METRICS},
+            timestamp=_now(), target=self.target, deadLetterRows=dead_letter_rows))
+
+    def _materialize(self, spark: SparkSession, batch_df: DataFrame, level: str
+                     ) -> tuple[DataFrame, tuple[int, int, int], SourceStats]:
+        """The batch, prepared (one event per key, NULL-key rows flagged), checkpointed in one
+        job that also observes (rows, NULL-key rows, delete events) and the key ranges."""
+        if self._spec is None:
+            observation = Observation()
+            frame, _ = materialize(batch_df.observe(observation, F.count(F.lit(1)).alias("rows")), level)
+            rows = int(observation.get.get("rows") or 0)
+            return frame, (rows, 0, 0), SourceStats(rows, {})
+        prepared = prepare_observed(batch_df, self._spec, max(1, int(spark.sparkContext.defaultParallelism)))
+        frame, _ = materialize(prepared.frame, level)
+        counts = {k: int(v or 0) for k, v in prepared.counts.get.items()}
+        stats = source_stats_of(prepared.stats.get, list(self._spec.keys))
+        return frame, (counts["rows"], counts["nullKeys"], counts["deletes"]), stats
 
     def _resolve_app_id(self, spark: SparkSession) -> str:
         if self._app_id:
@@ -168,57 +238,16 @@ class MergeSink:
                 "app_id='...' to call it directly.")
         return query_id
 
-    def _apply(self, spark: SparkSession, batch: DataFrame, batch_id: int, app_id: str, attempt: int,
-               started: float, materialize_ms: int) -> None:
-        if self._phase_hook:
-            self._phase_hook("after_materialize", batch)
-        prepare_started = time.monotonic()
-        num_input, null_keys, delete_events = self._batch_counts(batch)
-        if num_input == 0:
-            self._report(MergeProgress(
-                batchId=batch_id, appId=app_id, tableVersion=None, skipped=False, attempts=attempt,
-                numInputRows=0, numRowsAfterDedupe=0, numNullKeyRows=0, numLateRowsDropped=0,
-                durationMs={"materialize": materialize_ms, "total": _ms(started)}, metrics={},
-                timestamp=_now(), target=self.target))
-            return
-        dead_letter_rows = self._route_null_keys(spark, batch, batch_id, app_id, null_keys)
-        source, late, num_after_dedupe = batch, 0, num_input - null_keys
-        prepared: DataFrame | None = None
-        try:
-            if self._spec is not None:
-                # Deduplicated once and kept: the tombstone check and both MERGE scans read it.
-                prepared = source = prepare(batch, self._spec).localCheckpoint(eager=True)
-                num_after_dedupe = source.count()
-                if self._phase_hook:
-                    self._phase_hook("after_prepare", source)
-            prepare_ms = _ms(prepare_started)
-            tombstones_started = time.monotonic()
-            if self._tombstones is not None:
-                source, late = self._tombstones.drop_late(spark, source)
-            self._ensure_table(spark, source)
-            if self._tombstones is not None and delete_events:
-                self._tombstones.record(spark, source, app_id, batch_id)
-            tombstones_ms = _ms(tombstones_started)
-            execute_started = time.monotonic()
-            metrics = self._merge(spark, source, app_id, batch_id)
-            execute_ms = _ms(execute_started)
-        finally:
-            if prepared is not None:
-                release(prepared)
-        merge_ms = int(metrics["scanTimeMs"] or 0) + int(metrics["rewriteTimeMs"] or 0)
-        self._report(MergeProgress(
-            batchId=batch_id, appId=app_id, tableVersion=metrics["tableVersion"],  # type: ignore[arg-type]
-            skipped=bool(metrics["skipped"]), attempts=attempt, numInputRows=num_input,
-            numRowsAfterDedupe=num_after_dedupe, numNullKeyRows=null_keys, numLateRowsDropped=late,
-            durationMs={"materialize": materialize_ms, "dedupe": prepare_ms, "tombstones": tombstones_ms,
-                        "merge": merge_ms, "commit": max(0, execute_ms - merge_ms), "total": _ms(started)},
-            metrics={name: int(metrics[name] or 0) for name in DELTA_METRICS},
-            timestamp=_now(), target=self.target, deadLetterRows=dead_letter_rows))
-
-    def _merge(self, spark: SparkSession, source: DataFrame, app_id: str, batch_id: int) -> MergeMetrics:
+    def _merge(self, spark: SparkSession, source: DataFrame, app_id: str, batch_id: int,
+               stats: SourceStats | None, snapshot: Snapshot | None) -> MergeMetrics:
         builder = DeltaTable(spark, self.target, "t").merge(source.alias("s"), self._condition)
         builder = self._clauses(builder) if self._clauses else self._upsert(builder)
-        options: dict[str, Any] = {"materialize_source": "none"}  # the batch is materialized once, above
+        # The batch is materialized once, above, with its statistics; a tombstone-filtered
+        # source (stats None) is materialized by the MERGE, which counts what is left.
+        options: dict[str, Any] = {f.name: getattr(self._merge_options, f.name)
+                                   for f in dataclasses.fields(MergeOptions)}
+        options.update({"materialize_source": "none" if stats is not None else "all",
+                        "source_stats": stats, "snapshot": snapshot, "storage_levels": self._storage_levels})
         if self._phase_hook:
             options["phase_hook"] = self._phase_hook
         builder = builder.withOptions(**options)
@@ -236,24 +265,12 @@ class MergeSink:
                 .whenMatchedUpdateAll(condition=f"NOT s.`{DELETE_FLAG}`{guard}")
                 .whenNotMatchedInsertAll(condition=f"NOT s.`{DELETE_FLAG}`"))
 
-    def _batch_counts(self, batch: DataFrame) -> tuple[int, int, int]:
-        """(rows, rows with a NULL key, delete events) in one pass over the batch."""
-        aggregates = [F.count(F.lit(1))]
-        if self._spec is not None:
-            aggregates.append(F.sum(F.when(null_key_filter(self._spec), 1).otherwise(0)))
-            if self._spec.delete_when is not None:
-                aggregates.append(F.sum(F.when(F.expr(self._spec.delete_when) if isinstance(
-                    self._spec.delete_when, str) else self._spec.delete_when, 1).otherwise(0)))
-        row = batch.agg(*aggregates).collect()[0]
-        values = [int(v or 0) for v in row] + [0, 0]
-        return values[0], values[1], values[2]
-
     def _route_null_keys(self, spark: SparkSession, batch: DataFrame, batch_id: int, app_id: str,
                          count: int) -> int:
         """Rows with a NULL key cannot be applied: to the dead-letter table, or fail the batch."""
         if self._spec is None or not count:
             return 0
-        bad = batch.filter(null_key_filter(self._spec))
+        bad = batch.filter(F.col(NULL_KEY_FLAG)).drop(NULL_KEY_FLAG, DELETE_FLAG)
         if self._dead_letter is None:
             raise MergeError(
                 f"Batch {batch_id}: {count} row(s) have NULL in key column(s) {list(self._spec.keys)} and cannot be "
@@ -261,7 +278,7 @@ class MergeSink:
         records = bad.select(
             F.lit(app_id).alias("app_id"), F.lit(batch_id).cast("long").alias("batch_id"),
             F.lit(f"NULL in key column(s) {', '.join(self._spec.keys)}").alias("reason"),
-            F.to_json(F.struct(*[F.col(f"`{c}`") for c in batch.columns])).alias("record"),
+            F.to_json(F.struct(*[F.col(f"`{c}`") for c in bad.columns])).alias("record"),
             F.current_timestamp().alias("recorded_at"))
         append_rows(spark, records, self._dead_letter, app_id, batch_id)
         return count

@@ -12,14 +12,18 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
+from collections.abc import Mapping
+from typing import Any
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from streaming_merge.delta_table import DeltaTable
+from streaming_merge.merge.skipping import ColumnScope, SkippingPlan
 from streaming_merge.streaming.cdc import DELETE_FLAG, CdcSpec
 from streaming_merge.table.append import append_rows
-from streaming_merge.table.snapshot import load_snapshot, table_exists
+from streaming_merge.table.scan import scan_files
+from streaming_merge.table.snapshot import Snapshot, load_snapshot, table_exists
 
 log = logging.getLogger(__name__)
 
@@ -42,23 +46,37 @@ class Tombstones:
         """SQL over aliases e (event) and d (tombstone): the event is at least as new."""
         return self._spec.newer(target="d", source="e") or "true"
 
-    def drop_late(self, spark: SparkSession, events: DataFrame) -> tuple[DataFrame, int]:
-        """Events minus inserts/updates older than their key's tombstone, and how many went."""
-        if not table_exists(self.path) or not any(f.num_records for f in load_snapshot(self.path).files):
-            return events, 0
-        tombstones = DeltaTable.forPath(spark, self.path).toDF().select(*self._columns).alias("d")
-        keys = " AND ".join(f"e.`{k}` = d.`{k}`" for k in self._spec.keys)
-        late = events.alias("e").join(
-            tombstones, F.expr(keys) & ~F.col(f"e.`{DELETE_FLAG}`") & ~F.expr(self._newer_than_tombstone()),
-            "left_semi")
-        count = late.count()
-        if not count:
-            return events, 0
-        kept = events.alias("e").join(late.alias("l"), F.expr(" AND ".join(
-            f"e.`{k}` = l.`{k}`" for k in self._spec.keys)), "left_anti")
-        return kept, count
+    def snapshot(self) -> Snapshot | None:
+        """The tombstone table as of now, or None before the first delete."""
+        return load_snapshot(self.path) if table_exists(self.path) else None
 
-    def record(self, spark: SparkSession, events: DataFrame, app_id: str, batch_id: int) -> None:
+    def without_late(self, spark: SparkSession, events: DataFrame, key_ranges: Mapping[str, tuple[Any, Any]],
+                     snapshot: Snapshot | None) -> DataFrame | None:
+        """``events`` minus the inserts/updates not newer than a tombstone of their key, or None
+        when no tombstone file can hold one of the batch's keys (decided on the driver from the
+        files' key stats against the batch's key range: no Spark job, no scan of tombstones).
+
+        The result is a lazy anti join against the overlapping tombstone files only, for the
+        MERGE to materialize together with its own source statistics.
+        """
+        if snapshot is None or not any(f.num_records for f in snapshot.files):
+            return None
+        scope = ColumnScope("d", "e", self._columns, self._columns)
+        ranges = [(k, *key_ranges[k], key_ranges[k][0] is not None) for k in self._spec.keys if k in key_ranges]
+        files = SkippingPlan((), ranges, scope, snapshot.schema, skip_nothing=False).select(
+            spark, snapshot, [f for f in snapshot.files if f.num_records])
+        if not files:
+            return None
+        keys = [F.col(f"`{k}`") for k in self._spec.keys]
+        partitions = max(1, int(spark.sparkContext.defaultParallelism))
+        tombstones = (scan_files(spark, snapshot, files).select(*[F.col(f"`{c}`") for c in self._columns])
+                      .repartition(partitions, *keys).alias("d").hint("shuffle_hash"))
+        condition = (F.expr(" AND ".join(f"e.`{k}` = d.`{k}`" for k in self._spec.keys))
+                     & ~F.col(f"e.`{DELETE_FLAG}`") & ~F.expr(self._newer_than_tombstone()))
+        return events.repartition(partitions, *keys).alias("e").join(tombstones, condition, "left_anti")
+
+    def record(self, spark: SparkSession, events: DataFrame, app_id: str, batch_id: int,
+               snapshot: Snapshot | None = None) -> None:
         """Append this batch's deletes (idempotent through txn(app_id, batch_id)).
 
         An append rather than an upsert: one file write and a commit, no join. Several
@@ -67,7 +85,7 @@ class Tombstones:
         """
         deletes = events.filter(F.col(f"`{DELETE_FLAG}`")).select(
             *[F.col(f"`{c}`") for c in self._columns], F.current_timestamp().alias(DELETED_AT))
-        append_rows(spark, deletes, self.path, app_id, batch_id)
+        append_rows(spark, deletes, self.path, app_id, batch_id, snapshot)
         if self._purge_every and batch_id > 0 and batch_id % self._purge_every == 0:
             self.purge(spark)
 

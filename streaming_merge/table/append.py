@@ -8,17 +8,20 @@ from pyspark.sql import DataFrame, SparkSession
 
 from streaming_merge.table.commit import CommitRequest, commit
 from streaming_merge.table.create import create_table
-from streaming_merge.table.snapshot import check_writable, load_snapshot, table_exists
+from streaming_merge.table.snapshot import Snapshot, check_writable, load_snapshot, table_exists
 from streaming_merge.table.write import delete_written, write_files
 
 
-def append_rows(spark: SparkSession, df: DataFrame, path: str, app_id: str, version: int) -> int | None:
+def append_rows(spark: SparkSession, df: DataFrame, path: str, app_id: str, version: int,
+                snapshot: Snapshot | None = None) -> int | None:
     """Append ``df`` to the table at ``path`` (created from ``df``'s schema if missing) unless
-    txn(app_id) >= version is already recorded; returns the new version or None if skipped."""
+    txn(app_id) >= version is already recorded; returns the new version or None if skipped.
+    ``snapshot``: the table as the caller already read it (saves a log load)."""
     path = os.path.abspath(path)
-    if not table_exists(path):
-        create_table(spark, df.limit(0), path)
-    snapshot = load_snapshot(path)
+    if snapshot is None:
+        if not table_exists(path):
+            create_table(spark, df.limit(0), path)
+        snapshot = load_snapshot(path)
     check_writable(snapshot)
     applied = snapshot.transaction_version(app_id)
     if applied is not None and applied >= version:

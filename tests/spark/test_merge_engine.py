@@ -365,6 +365,7 @@ def test_phases_are_named_in_spark_job_descriptions(spark: SparkSession, people:
     store = spark.sparkContext._jsc.sc().statusStore()
 
     def descriptions(after_job: int) -> set[str]:
+        spark.sparkContext._jsc.sc().listenerBus().waitUntilEmpty()  # the store is fed asynchronously
         jobs = [store.jobsList(None).apply(i) for i in range(store.jobsList(None).size())]
         return {str(j.description().get()) for j in jobs if j.jobId() > after_job and j.description().isDefined()}
 

@@ -1,0 +1,144 @@
+"""The fixed cost of a MERGE and of a sink batch, counted exactly, and Delta's rule for which
+sources are materialized.
+
+Spark jobs are counted by the status tracker for a job group around the call (broadcast and
+shuffle-stage jobs included), log loads by the table layer's profile hook; every test also
+checks the table it produced, read back through delta-rs, so a cheaper run cannot be a wrong one.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import deltalake
+import pyarrow as pa
+import pytest
+from pyspark.sql import DataFrame, SparkSession
+
+from streaming_merge import DeltaTable, MergeSink
+from streaming_merge._profile import profiling
+from streaming_merge.merge.materialize import is_stable, should_materialize
+
+
+def jobs_of(spark: SparkSession, call: Callable[[], Any]) -> tuple[int, Any]:
+    """(Spark jobs the call ran, its result)."""
+    context = spark.sparkContext
+    group = f"budget-{uuid.uuid4().hex}"
+    context.setLocalProperty("spark.jobGroup.id", group)
+    try:
+        result = call()
+    finally:
+        context.setLocalProperty("spark.jobGroup.id", None)  # type: ignore[arg-type]
+    return len(context.statusTracker().getJobIdsForGroup(group)), result
+
+
+def by_id(path: str) -> dict[int, dict[str, Any]]:
+    return {r["id"]: r for r in deltalake.DeltaTable(path).to_pyarrow_table().to_pylist()}
+
+
+@pytest.fixture()
+def orders(spark: SparkSession, tmp_path: Path) -> Iterator[str]:
+    path = str(tmp_path / "orders")
+    target = spark.range(0, 2000).selectExpr("id", "cast(id * 10 as bigint) as amount", "'old' as status")
+    DeltaTable.createFromDataFrame(target.repartition(4), path)
+    yield path
+
+
+def parquet_source(spark: SparkSession, folder: Path, rows: list[tuple[int, int, str]]) -> DataFrame:
+    spark.createDataFrame(rows, "id long, amount long, status string").coalesce(1).write.mode(
+        "overwrite").parquet(str(folder))
+    return spark.read.parquet(str(folder))
+
+
+def test_upsert_merge_runs_at_most_four_jobs_and_loads_the_log_once(
+        spark: SparkSession, orders: str, tmp_path: Path) -> None:
+    source = parquet_source(spark, tmp_path / "src", [(5, 1, "new"), (1500, 2, "new"), (9000, 3, "new")])
+    assert should_materialize("auto", source, insert_only=False)  # a Parquet folder can change
+
+    def upsert() -> Any:
+        return (DeltaTable.forPath(spark, orders).alias("t").merge(source.alias("s"), "t.id = s.id")
+                .whenMatchedUpdateAll().whenNotMatchedInsertAll().execute())
+
+    with profiling() as profile:
+        jobs, metrics = jobs_of(spark, upsert)
+    assert jobs <= 4, f"{jobs} Spark jobs for an upsert MERGE"
+    assert profile.log_loads == 1
+    assert (metrics["numTargetRowsUpdated"], metrics["numTargetRowsInserted"], metrics["numSourceRows"]) == (2, 1, 3)
+    table = by_id(orders)
+    assert len(table) == 2001
+    assert table[5]["status"] == table[1500]["status"] == table[9000]["status"] == "new"
+    assert table[6]["status"] == "old"
+
+
+def test_insert_only_merge_runs_at_most_three_jobs(spark: SparkSession, orders: str, tmp_path: Path) -> None:
+    source = parquet_source(spark, tmp_path / "src", [(7, 1, "dup"), (5000, 2, "new")])
+
+    def insert() -> Any:
+        return (DeltaTable.forPath(spark, orders).alias("t").merge(source.alias("s"), "t.id = s.id")
+                .whenNotMatchedInsertAll().execute())
+
+    jobs, metrics = jobs_of(spark, insert)
+    assert jobs <= 3, f"{jobs} Spark jobs for an insert-only MERGE"
+    assert (metrics["numTargetRowsInserted"], metrics["numSourceRows"], metrics["numTargetFilesRemoved"]) == (1, 2, 0)
+    table = by_id(orders)
+    assert table[7]["status"] == "old" and table[5000]["status"] == "new" and len(table) == 2001
+
+
+def test_sink_batch_with_sequence_and_tombstones_runs_at_most_six_jobs(
+        spark: SparkSession, tmp_path: Path) -> None:
+    path = str(tmp_path / "cdc")
+    sink = MergeSink(path, keys="id", sequence_by="lsn", delete_when="op = 'd'", app_id="budget")
+    schema = "id long, lsn long, op string, v string"
+    sink(spark.createDataFrame([(i, 1, "c", "a") for i in range(100)], schema), 0)
+    sink(spark.createDataFrame([(1, 2, "d", None), (2, 2, "d", None)], schema), 1)  # tombstones for 1, 2
+    # Batch 2: a late insert of deleted key 1 (older than its tombstone), a newer re-insert of 2,
+    # duplicates of 3 (the newest wins), a delete of 4, a new key.
+    batch = spark.createDataFrame([(1, 1, "u", "late"), (2, 3, "c", "back"), (3, 5, "u", "old"),
+                                   (3, 6, "u", "newest"), (4, 7, "d", None), (500, 1, "c", "new")], schema)
+    with profiling() as profile:
+        jobs, _ = jobs_of(spark, lambda: sink(batch, 2))
+    assert jobs <= 6, f"{jobs} Spark jobs for one sink batch"
+    assert profile.log_loads <= 2  # the target and the tombstones
+    progress = sink.lastProgress
+    assert progress is not None
+    assert (progress["numInputRows"], progress["numRowsAfterDedupe"], progress["numLateRowsDropped"]) == (6, 5, 1)
+    table = by_id(path)
+    assert 1 not in table and 4 not in table
+    assert table[2]["v"] == "back" and table[3]["v"] == "newest" and table[500]["v"] == "new"
+    assert len(table) == 99
+
+
+def test_auto_materializes_everything_but_local_data_and_pinned_table_scans(
+        spark: SparkSession, orders: str, tmp_path: Path) -> None:
+    local = spark.createDataFrame(pa.table({"id": [1], "amount": [2], "status": ["x"]}))  # a LocalRelation
+    assert is_stable(local) and not should_materialize("auto", local, insert_only=False)
+    table_scan = DeltaTable.forPath(spark, orders).toDF()
+    assert is_stable(table_scan) and not should_materialize("auto", table_scan, insert_only=False)
+    folder = parquet_source(spark, tmp_path / "src", [(1, 2, "x")])
+    assert not is_stable(folder) and should_materialize("auto", folder, insert_only=False)
+    # An RDD (PySpark builds one even from a Python list) can compute anything: materialized.
+    rdd = spark.createDataFrame([(1, 2, "x")], "id long, amount long, status string")
+    assert should_materialize("auto", rdd, insert_only=False)
+    assert not should_materialize("auto", folder, insert_only=True)  # read once
+
+
+def test_a_parquet_source_changing_between_the_scans_is_read_once(
+        spark: SparkSession, orders: str, tmp_path: Path) -> None:
+    folder = tmp_path / "src"
+    source = parquet_source(spark, folder, [(5, 1, "first"), (6, 2, "first")])
+
+    def rewrite_source(phase: str, frame: DataFrame) -> None:
+        if phase == "after_find_touched_files":  # another job replaces the folder's data
+            parquet_source(spark, folder, [(5, 9, "second"), (7000, 9, "second")])
+            spark.catalog.clearCache()
+
+    metrics = (DeltaTable.forPath(spark, orders).alias("t").merge(source.alias("s"), "t.id = s.id")
+               .whenMatchedUpdateAll().whenNotMatchedInsertAll()
+               .withOptions(phase_hook=rewrite_source).execute())
+    table = by_id(orders)
+    assert (table[5]["status"], table[6]["status"]) == ("first", "first")
+    assert 7000 not in table
+    assert (metrics["numTargetRowsUpdated"], metrics["numTargetRowsInserted"]) == (2, 0)
