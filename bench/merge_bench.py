@@ -49,7 +49,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-ALL_ENGINES = ("ours", "delta-rs", "delta-rs-streamed", "duckdb", "floor")
+ALL_ENGINES = ("ours", "delta-rs", "delta-rs-streamed", "duckdb", "floor", "spark-naive")
 DEFAULT_ENGINES = ("ours", "delta-rs", "duckdb")
 KEY_DISTS = ("uniform", "clustered")
 UPDATE_FRACTION = 0.8
@@ -329,6 +329,42 @@ class OursEngine(Engine):
             self._spark.stop()
 
 
+class NaiveSparkEngine(OursEngine):
+    """The naive plan on the same Spark session and table layer: every target file FULL OUTER
+    JOIN the batch, the merged rows written as new files, all old files removed, one commit.
+    No skipping, no findTouchedFiles, no multiple-match check, Spark's default (AQE) plan:
+    what the engine's two-pass design has to beat."""
+
+    name = "spark-naive"
+
+    def run(self, master: Path, run_dir: Path, n_target: int, batch: Batch) -> RunResult:
+        from pyspark.sql import functions as F
+
+        from streaming_merge.table.commit import CommitRequest, commit
+        from streaming_merge.table.scan import scan_files
+        from streaming_merge.table.snapshot import load_snapshot
+        from streaming_merge.table.write import write_files
+
+        result = RunResult(self.name)
+        shutil.copytree(master, run_dir)
+        before = _live_files(run_dir)
+        t0 = time.perf_counter()
+        source = self._spark.createDataFrame(batch.table)
+        result.prep_s = time.perf_counter() - t0
+        gc.collect()
+        t0 = time.perf_counter()
+        snapshot = load_snapshot(str(run_dir))
+        target = scan_files(self._spark, snapshot, snapshot.files).alias("t")
+        merged = source.alias("s").join(target, F.col("s.id") == F.col("t.id"), "full_outer").select(
+            *[F.coalesce(F.col(f"s.`{f.name}`"), F.col(f"t.`{f.name}`")).alias(f.name) for f in snapshot.schema.fields])
+        written = write_files(self._spark, merged, snapshot.table_path, snapshot.schema, snapshot.partition_columns)
+        commit(CommitRequest(snapshot=snapshot, adds=written, removes=snapshot.files, operation="MERGE"))
+        result.seconds = time.perf_counter() - t0
+        _fill_file_diff(result, before, run_dir)
+        result.check = _check_delta(run_dir, n_target, batch)
+        return result
+
+
 class DeltaRsEngine(Engine):
     """deltalake (delta-rs) MERGE; keeps the removed-file list so the pyarrow floor can reuse it."""
 
@@ -533,6 +569,8 @@ def build_engines(names: Sequence[str], threads: int) -> dict[str, Engine]:
     for name in names:
         if name == "ours":
             engines[name] = OursEngine()
+        elif name == "spark-naive":
+            engines[name] = NaiveSparkEngine()
         elif name == "delta-rs":
             engines[name] = DeltaRsEngine(streamed=False)
         elif name == "delta-rs-streamed":

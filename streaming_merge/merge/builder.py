@@ -107,4 +107,5 @@ class DeltaMergeBuilder:
             options=self.options,
             app_id=app_id,
             app_version=version,
+            condition_text=self.condition if isinstance(self.condition, str) else None,
         ))

@@ -11,9 +11,12 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from pyspark.sql import Column, DataFrame, SparkSession
 
@@ -103,6 +106,9 @@ class MergeOptions:
 
 @dataclass(frozen=True)
 class MergeRequest:
+    """One MERGE: ``condition_text`` is the ON condition as the user wrote it when it was SQL
+    text (None for a Column), which lets a repeated MERGE reuse its resolution."""
+
     table_path: str
     source: DataFrame
     source_alias: str
@@ -113,6 +119,7 @@ class MergeRequest:
     options: MergeOptions = field(default_factory=MergeOptions)
     app_id: str | None = None
     app_version: int | None = None
+    condition_text: str | None = None
 
 
 _MERGE_CONF = {
@@ -199,13 +206,7 @@ def _run_once(spark: SparkSession, request: MergeRequest, clauses: ClauseSet, at
 
     options = request.options
     with phase(spark, "resolve"):
-        resolved = resolve_merge(spark, request.source, request.source_alias, snapshot.schema,
-                                 request.target_alias, request.condition, clauses, request.schema_evolution)
-        scope = ColumnScope(request.target_alias, request.source_alias, [f.name for f in snapshot.schema.fields],
-                            request.source.columns)
-        pairs = key_pairs(request.condition, scope)
-        range_columns = ([s for _, s in skipping_key_pairs(request.condition, scope, snapshot.schema)]
-                         if options.source_key_range_skipping else [])
+        resolved, pairs, range_columns = _resolve(spark, request, clauses, snapshot)
     hook = options.phase_hook or (lambda phase_name, frame: None)
     held: list[DataFrame] = []  # checkpoints of this attempt, released at the end
     try:
@@ -216,6 +217,59 @@ def _run_once(spark: SparkSession, request: MergeRequest, clauses: ClauseSet, at
     finally:
         for frame in held:
             release(frame)
+
+
+_RESOLVED_CACHE_SIZE = 32
+_resolved_cache: OrderedDict[tuple[Any, ...], tuple[ResolvedMerge, list[tuple[str, str]], list[str]]] = (
+    OrderedDict())
+_resolved_lock = threading.Lock()
+
+
+def _resolve(spark: SparkSession, request: MergeRequest, clauses: ClauseSet, snapshot: Snapshot
+             ) -> tuple[ResolvedMerge, list[tuple[str, str]], list[str]]:
+    """The resolved MERGE, its equi-join key pairs and the source columns whose ranges prune
+    files; remembered for the next MERGE of the same shape.
+
+    A streaming sink runs the same MERGE every micro-batch and resolving it is one Spark
+    analysis per output column per clause (tens to hundreds of milliseconds). Resolution
+    depends only on the schemas, aliases, condition and clauses, so when all of those are
+    SQL text (Columns cannot be compared reliably) the result is reused; the resolved
+    expressions are unresolved Spark Columns, valid for any DataFrame of those schemas.
+    """
+    key = _resolution_key(spark, request, clauses, snapshot)
+    if key is not None:
+        with _resolved_lock:
+            cached = _resolved_cache.get(key)
+            if cached is not None:
+                _resolved_cache.move_to_end(key)
+                return cached
+    resolved = resolve_merge(spark, request.source, request.source_alias, snapshot.schema,
+                             request.target_alias, request.condition, clauses, request.schema_evolution)
+    scope = ColumnScope(request.target_alias, request.source_alias, [f.name for f in snapshot.schema.fields],
+                        request.source.columns)
+    pairs = key_pairs(request.condition, scope)
+    range_columns = ([s for _, s in skipping_key_pairs(request.condition, scope, snapshot.schema)]
+                     if request.options.source_key_range_skipping else [])
+    result = (resolved, pairs, range_columns)
+    if key is not None:
+        with _resolved_lock:
+            _resolved_cache[key] = result
+            while len(_resolved_cache) > _RESOLVED_CACHE_SIZE:
+                _resolved_cache.popitem(last=False)
+    return result
+
+
+def _resolution_key(spark: SparkSession, request: MergeRequest, clauses: ClauseSet, snapshot: Snapshot
+                    ) -> tuple[Any, ...] | None:
+    texts: list[Any] = [request.condition_text]
+    for clause in clauses.all:
+        texts += [clause.kind, clause.action, clause.condition, *sorted(clause.assignments.items())]
+    flat = [t for item in texts for t in (item if isinstance(item, tuple) else (item,))]
+    if not all(t is None or isinstance(t, str) for t in flat):
+        return None
+    return (id(spark), request.source.schema.json(), request.source_alias, snapshot.schema.json(),
+            tuple(snapshot.partition_columns), request.target_alias,
+            request.schema_evolution, request.options.source_key_range_skipping, tuple(flat))
 
 
 def _prepare_source(spark: SparkSession, request: MergeRequest, clauses: ClauseSet, level: str | None,

@@ -22,9 +22,10 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import pyarrow as pa
+import pyarrow.compute as pc
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
-from pyspark.sql.types import AtomicType, BinaryType, StringType, StructType
+from pyspark.sql.types import AtomicType, BinaryType, IntegralType, StringType, StructType
 
 from streaming_merge.table.snapshot import DataFile, Snapshot
 
@@ -342,6 +343,10 @@ class SkippingPlan:
         """The subset of ``files`` that may hold a row this MERGE matches."""
         if self.skip_nothing or not files or (not self.target_only and not self.key_ranges):
             return list(files)
+        if not self.target_only:
+            by_range = self._select_by_key_ranges(snapshot, files)
+            if by_range is not None:
+                return by_range
         stats = FileStats(spark, snapshot, self.schema)
         frame = stats.frame(files)
         predicate = self._predicate(stats)
@@ -353,6 +358,31 @@ class SkippingPlan:
             log.warning("Data skipping disabled for this MERGE: %s", exc)
             return list(files)
         return [f for f in files if f.path in keep]
+
+    def _select_by_key_ranges(self, snapshot: Snapshot, files: Sequence[DataFile]) -> list[DataFile] | None:
+        """Key-range pruning alone, on the driver with pyarrow (no JVM round trip), for integer
+        and string keys, whose Python and Arrow orders are Spark's; None for anything else,
+        which the Spark path handles."""
+        stats = snapshot.stats
+        keep = pa.array([True] * stats.num_rows, pa.bool_())
+        partition_columns = set(snapshot.partition_columns)
+        for column, low, high, has_keys in self.key_ranges:
+            data_type = self.schema[column].dataType
+            if column in partition_columns or not isinstance(data_type, (IntegralType, StringType)):
+                return None
+            if not has_keys:
+                return []
+            arrow_type = pa.string() if isinstance(data_type, StringType) else pa.int64()
+            mins, maxs = (stats.column(f"{side}.{column}").cast(arrow_type) if f"{side}.{column}" in
+                          stats.column_names else pa.nulls(stats.num_rows, arrow_type) for side in ("min", "max"))
+            if isinstance(data_type, StringType):  # a truncated max is no upper bound
+                maxs = pc.if_else(pc.less(pc.utf8_length(maxs), STRING_STATS_PREFIX), maxs,
+                                  pa.nulls(stats.num_rows, arrow_type))
+            low_ok = pc.fill_null(pc.greater_equal(maxs, pa.scalar(low, arrow_type)), True)
+            high_ok = pc.fill_null(pc.less_equal(mins, pa.scalar(high, arrow_type)), True)
+            keep = pc.and_(keep, pc.and_(low_ok, high_ok))
+        kept = {f.path for f, flag in zip(snapshot.files, keep.to_pylist(), strict=True) if flag}
+        return [f for f in files if f.path in kept]
 
     def _predicate(self, stats: FileStats) -> Column | None:
         evaluator = StatsPredicate(self.scope, stats.stats_columns)

@@ -1,6 +1,6 @@
 """Spark DataFrames over a chosen set of a snapshot's files.
 
-Partition values come from the log (a broadcast join on the file path), never from
+Partition values come from the log (a constant map from file path to value), never from
 directory names, because Delta does not require Hive-style directories. Spark's
 hidden ``_metadata`` column gives the file path and the row's index inside its file,
 which together are a stable row id (Delta uses the file name the same way).
@@ -8,14 +8,16 @@ which together are a stable row id (Delta uses the file name the same way).
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
-from pyspark.sql.types import StringType, StructField, StructType
+from pyspark.sql.types import StructType
 
 from streaming_merge.table.schema import data_columns
 from streaming_merge.table.snapshot import DataFile, Snapshot
+from streaming_merge.table.write import partition_value_string
 
 FILE_PATH_COL = "_sm_file_path_"
 PINNED_SCAN_OPTION = "streaming_merge.pinnedFiles"
@@ -62,32 +64,35 @@ def scan_files(
     # The marker tells the MERGE that this read is pinned to immutable files of one version
     # (streaming_merge.merge.materialize.is_stable), so it need not be materialized.
     data = spark.read.schema(file_schema).option(PINNED_SCAN_OPTION, "true").parquet(*paths)
+    if not with_row_id and not partition_columns:  # no per-row file metadata to build
+        return data.select(*[F.col(f"`{f.name}`") for f in table_schema.fields])
     data = data.select(
         *[F.col(f"`{f.name}`") for f in file_schema.fields],
         F.col("_metadata.file_path").alias(FILE_PATH_COL),
-        F.col("_metadata.row_index").alias(ROW_INDEX_COL),
+        *([F.col("_metadata.row_index").alias(ROW_INDEX_COL)] if with_row_id else []),
     )
     if partition_columns:
-        data = data.join(
-            F.broadcast(_partition_values_frame(spark, snapshot, files, table_schema)), FILE_PATH_COL, "inner"
-        )
+        data = data.select("*", *_partition_value_columns(spark, snapshot, files, table_schema))
     ordered: list[Column] = [F.col(f"`{f.name}`") for f in table_schema.fields]
     if with_row_id:
         ordered += [F.col(FILE_PATH_COL), F.col(ROW_INDEX_COL)]
     return data.select(*ordered)
 
 
-def _partition_values_frame(
+def _partition_value_columns(
     spark: SparkSession, snapshot: Snapshot, files: Sequence[DataFile], table_schema: StructType
-) -> DataFrame:
-    partition_fields = [table_schema[c] for c in snapshot.partition_columns]
-    schema = StructType([StructField(FILE_PATH_COL, StringType(), False), *partition_fields])
+) -> list[Column]:
+    """Each partition column as a lookup of the row's file path in a literal map built from
+    the log (Delta's string form, cast to the column type as Delta does). Spark folds the
+    map into a constant, so this costs no join and no broadcast job, whatever the file count."""
     paths = spark_file_paths(spark, snapshot.table_path, files)
-    rows = [
-        (path, *[f.partition_values.get(field.name) for field in partition_fields])
-        for path, f in zip(paths, files, strict=True)
-    ]
-    return spark.createDataFrame(rows, schema)
+    columns = []
+    for name in snapshot.partition_columns:
+        by_path = {path: partition_value_string(f.partition_values.get(name)) for path, f in zip(paths, files,
+                                                                                                 strict=True)}
+        lookup = F.try_element_at(F.from_json(F.lit(json.dumps(by_path)), "map<string,string>"), F.col(FILE_PATH_COL))
+        columns.append(lookup.cast(table_schema[name].dataType).alias(name))
+    return columns
 
 
 def _empty(spark: SparkSession, schema: StructType, with_row_id: bool) -> DataFrame:

@@ -142,3 +142,23 @@ def test_a_parquet_source_changing_between_the_scans_is_read_once(
     assert (table[5]["status"], table[6]["status"]) == ("first", "first")
     assert 7000 not in table
     assert (metrics["numTargetRowsUpdated"], metrics["numTargetRowsInserted"]) == (2, 0)
+
+
+def test_partitioned_upsert_stays_within_four_jobs(spark: SparkSession, tmp_path: Path) -> None:
+    path = str(tmp_path / "by_region")
+    target = spark.range(0, 300).selectExpr("id", "cast(id as bigint) as amount",
+                                            "case when id % 3 = 0 then 'eu' when id % 3 = 1 then 'us' end as region")
+    DeltaTable.createFromDataFrame(target, path, partitionBy=["region"])
+    source = parquet_source(spark, tmp_path / "src", [(3, 1, "x"), (4, 2, "y"), (900, 3, "z")]).selectExpr(
+        "id", "amount", "case when id = 3 then 'eu' when id = 4 then 'us' else 'ap' end as region")
+
+    def upsert() -> Any:
+        return (DeltaTable.forPath(spark, path).alias("t").merge(source.alias("s"), "t.id = s.id")
+                .whenMatchedUpdateAll().whenNotMatchedInsertAll().execute())
+
+    jobs, metrics = jobs_of(spark, upsert)
+    assert jobs <= 4, f"{jobs} Spark jobs for an upsert into a partitioned table"
+    assert (metrics["numTargetRowsUpdated"], metrics["numTargetRowsInserted"]) == (2, 1)
+    table = by_id(path)
+    assert (table[3]["amount"], table[4]["amount"], table[900]["region"], table[5]["region"]) == (1, 2, "ap", None)
+    assert len(table) == 301
