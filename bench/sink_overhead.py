@@ -57,7 +57,7 @@ from streaming_merge.session import local_session
 
 VARIANTS = ("A", "B", "C")
 LABELS = {"A": "bare MERGE", "B": "MergeSink", "C": "MergeSink(tombstones=False)"}
-PHASES = ("materialize", "dedupe", "merge", "commit", "total")
+PHASES = ("materialize", "tombstones", "merge", "commit", "total")
 UPDATE_FRACTION = 0.8
 DELETE_FRACTION = 0.01  # carved out of the updates: "a few" deletes of live ids per batch
 COMPARE_COLUMNS = ("id", "amount", "status")
@@ -70,12 +70,15 @@ NOTES = [
     "done before any timing and excluded for every variant.",
     "The first --warmup batches are applied to every table but not timed; the order of A/B/C "
     "rotates per batch.",
-    "Sink phases come from sink.recentProgress durationMs: 'dedupe' is the sink's whole preparation "
-    "(input count, NULL-key filter, dedupe window + count, tombstone lookup and upsert, table check); "
-    "'merge' = scanTimeMs + rewriteTimeMs; 'commit' = executionTimeMs - merge, and executionTimeMs is "
-    "taken *before* the log commit, so 'commit' is snapshot load + resolution, not the commit. "
+    "Sink phases come from sink.recentProgress durationMs: 'materialize' is the one pass over the "
+    "batch (NULL-key flag, dedupe window, counts and key ranges observed, local checkpoint); "
+    "'tombstones' = the tombstone lookup (driver-side file pruning; the anti join itself runs inside "
+    "the MERGE's materialization) and the append of the batch's deletes; 'merge' = scanTimeMs + "
+    "rewriteTimeMs; 'commit' = executionTimeMs - merge, and executionTimeMs is taken *before* the log "
+    "commit, so 'commit' is snapshot checks + resolution + source materialization, not the commit. "
     "'unaccounted' = total - the four phases: the actual log commit, release of the materialized "
     "batch and the sink's up-front idempotency check.",
+    "jobs = Spark jobs per call, counted by the status tracker for a job group around the call.",
 ]
 
 
@@ -187,13 +190,13 @@ def make_sink(path: str, tombstones: bool) -> MergeSink:
 
 
 def time_tombstones(sink: MergeSink) -> dict[str, list[float]]:
-    """Split the sink's 'dedupe' phase: wrap the tombstone lookup and upsert of this sink instance.
+    """Split the sink's 'tombstones' phase: wrap the tombstone lookup and append of this sink instance.
 
-    The sink reports both inside 'dedupe'; B - C says what they cost together, this says which
+    The sink reports both inside 'tombstones'; B - C says what they cost together, this says which
     of the two it is. It reaches into a private attribute, so it degrades to nothing (an empty
     split) if the sink's internals change, rather than breaking the benchmark.
     """
-    spent: dict[str, list[float]] = {"drop_late": [], "record": []}
+    spent: dict[str, list[float]] = {"without_late": [], "record": []}
     tombstones = getattr(sink, "_tombstones", None)
     if tombstones is None:
         return spent
@@ -357,6 +360,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         load_before = os.getloadavg()
         calls: dict[str, Callable[[DataFrame, int], None]] = {"A": bare, **sinks}
         times: dict[str, list[float]] = {name: [] for name in VARIANTS}
+        jobs: dict[str, list[int]] = {name: [] for name in VARIANTS}
+        context = spark.sparkContext
         # A variant that raises is dropped for the rest of the run (its table no longer matches the
         # others, so timing it further would compare different work), and the run still reports.
         failures: dict[str, dict[str, Any]] = {}
@@ -366,19 +371,24 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             this_batch: dict[str, str] = {name: "failed" for name in VARIANTS}
             for name in order:
                 gc.collect()
+                group = f"sink_overhead-{name}-{batch_id}"
+                context.setLocalProperty("spark.jobGroup.id", group)
                 started = time.perf_counter()
                 try:
                     calls[name](batch, batch_id)
                 except Exception as exc:
+                    context.setLocalProperty("spark.jobGroup.id", None)  # type: ignore[arg-type]
                     failures[name] = {"batch_id": batch_id, "error": type(exc).__name__,
                                       "message": _first_line(exc), "where": _innermost_frame(exc)}
                     print(f"  ✗ {name} ({LABELS[name]}) raised on batch {batch_id}: {type(exc).__name__}: "
                           f"{_first_line(exc)} at {failures[name]['where']}", flush=True)
                     continue
                 elapsed = (time.perf_counter() - started) * 1000.0
+                context.setLocalProperty("spark.jobGroup.id", None)  # type: ignore[arg-type]
                 this_batch[name] = f"{elapsed:6.0f}ms"
                 if batch_id >= args.warmup:
                     times[name].append(elapsed)
+                    jobs[name].append(len(context.statusTracker().getJobIdsForGroup(group)))
             kind = "warm-up" if batch_id < args.warmup else "timed"
             print(f"  batch {batch_id:3d} {kind:<7} order {''.join(order):<3}: "
                   + "  ".join(f"{name}={this_batch[name]:>8}" for name in VARIANTS), flush=True)
@@ -410,7 +420,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 "deltalake": deltalake.__version__, "cpus": os.cpu_count(), "platform": platform.platform(),
                 "loadavg_before": load_before, "loadavg_after": load_after,
             },
-            "variants": {name: {"label": LABELS[name], **stats[name], "ms": times[name]}
+            "variants": {name: {"label": LABELS[name], **stats[name], "ms": times[name], "jobs": jobs[name]}
                          for name in VARIANTS},
             "overhead": overhead(stats),
             "failures": failures,
@@ -464,10 +474,11 @@ def report(result: dict[str, Any]) -> None:
     print(f"\n{cfg['batches']} timed batches of {cfg['batch_rows']} rows into {cfg['target_rows']} rows "
           f"({cfg['warmup']} warm-up), ms per batch" + (f", conf {cfg['spark_conf']}" if cfg["spark_conf"] else "")
           + ":")
-    print(f"  {'variant':<34}{'n':>4}{'median':>9}{'p90':>9}{'mean':>9}{'min':>9}{'max':>9}")
+    print(f"  {'variant':<34}{'n':>4}{'median':>9}{'p90':>9}{'mean':>9}{'min':>9}{'max':>9}{'jobs':>9}")
     for name, v in result["variants"].items():
+        job_range = f"{min(v['jobs'])}-{max(v['jobs'])}" if v["jobs"] else "n/a"
         print(f"  {name} {v['label']:<32}{len(v['ms']):4d}" + "".join(
-            _fmt(v[k]) for k in ("median_ms", "p90_ms", "mean_ms", "min_ms", "max_ms")))
+            _fmt(v[k]) for k in ("median_ms", "p90_ms", "mean_ms", "min_ms", "max_ms")) + f"{job_range:>9}")
     o = result["overhead"]
     print(f"  overhead (median): B-A = {_fmt(o['B_minus_A_median_ms'], '+.0f')} ms, "
           f"C-A = {_fmt(o['C_minus_A_median_ms'], '+.0f')} ms, "
@@ -479,8 +490,8 @@ def report(result: dict[str, Any]) -> None:
     for name, phases in result["sink_phases_median_ms"].items():
         print(f"    {name:>13}" + "".join(_fmt(phases.get(n), "13.0f") for n in names))
     split = result["tombstone_split_median_ms"]
-    print(f"  B's tombstones inside 'dedupe', median ms: lookup (drop_late) {_fmt(split['drop_late'], '.0f')}, "
-          f"upsert (record) {_fmt(split['record'], '.0f')}")
+    print(f"  B's 'tombstones' phase, median ms: lookup (without_late) {_fmt(split['without_late'], '.0f')}, "
+          f"append (record) {_fmt(split['record'], '.0f')}")
     env = result["environment"]
     print(f"  load average (1/5/15 min) before {env['loadavg_before']}, after {env['loadavg_after']} "
           f"on {env['cpus']} CPUs")
