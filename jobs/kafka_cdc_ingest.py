@@ -27,11 +27,18 @@ from streaming_merge import DeltaTable, MergeSink
 from streaming_merge.errors import StreamingMergeError
 from streaming_merge.kafka import debezium
 from streaming_merge.kafka.source import register
+from streaming_merge.merge.materialize import (
+    DEFAULT_STORAGE_LEVELS,
+    is_lost_block_error,
+    level_for_attempt,
+    release,
+    storage_level,
+)
 from streaming_merge.session import local_session
 from streaming_merge.table.append import append_rows
 from streaming_merge.table.snapshot import load_snapshot
 
-log = logging.getLogger("jobs.kafka_cdc_ingest")
+log = logging.getLogger("jobs.kafka_cdc_ingest")  # a stable name under `python -m` too
 
 
 @dataclass(frozen=True)
@@ -66,29 +73,63 @@ def _row_schema(spark: SparkSession, config: IngestConfig, records: DataFrame) -
     return debezium.infer_row_schema(records)
 
 
+def _needs_inference(spark: SparkSession, config: IngestConfig) -> bool:
+    return not config.row_schema and not DeltaTable.isDeltaTable(spark, config.target)
+
+
 def batch_function(config: IngestConfig, on_progress: Callable[[dict[str, Any]], None]
                    ) -> tuple[Callable[[DataFrame, int], None], MergeSink]:
-    """The foreachBatch function: decode, divert malformed records, merge."""
+    """The foreachBatch function: decode once, divert malformed records, merge.
+
+    The Kafka records are read and decoded in one Spark job into a local checkpoint (with
+    the record counts observed in that job); the dead-letter append and the MergeSink both
+    read that copy. A lost block of the copy cannot be healed by the sink (its retries
+    re-read the same copy), so the whole batch is staged again from the Kafka records at the
+    next storage level; the dead-letter append and the MERGE are idempotent per batch (Delta
+    txn), so a rerun never applies anything twice."""
     sink = MergeSink(config.target, keys=config.keys,
                      sequence_by=[*config.extra_sequence, *debezium.SEQUENCE_COLUMNS],
                      delete_when=debezium.DELETE_WHEN, dead_letter=config.dead_letter)
 
-    def run(records: DataFrame, batch_id: int) -> None:
+    def run_once(records: DataFrame, batch_id: int, level: str) -> dict[str, Any]:
         spark = records.sparkSession
-        records = records.localCheckpoint()  # decoded twice (events, malformed): read Kafka once
-        events, malformed = debezium.decode(records, _row_schema(spark, config, records), keys=config.keys)
-        bad = malformed.count()
-        if bad:
-            if config.on_malformed == "fail" or not config.dead_letter:
-                sample = [r["error"] for r in malformed.limit(3).collect()]
-                raise MalformedRecordsError(
-                    f"Batch {batch_id}: {bad} Kafka record(s) could not be decoded, e.g. {sample}; "
-                    "configure --dead-letter (on_malformed=dead_letter) to divert them.")
-            app_id = spark.sparkContext.getLocalProperty("sql.streaming.queryId") or "kafka_cdc_ingest"
-            append_rows(spark, malformed, config.dead_letter, f"{app_id}:malformed", batch_id)
-        sink(events, batch_id)
+        inferred_from: DataFrame | None = None
+        if _needs_inference(spark, config):  # first batch of a new table only: the schema needs a pass of its own
+            records = inferred_from = records.localCheckpoint(eager=True, storageLevel=storage_level(level))
+        try:
+            decoded = debezium.decode_batch(records, _row_schema(spark, config, records), keys=config.keys,
+                                            storage_level_name=level)
+        finally:
+            if inferred_from is not None:
+                release(inferred_from)
+        try:
+            bad = decoded.num_malformed
+            if bad:
+                if config.on_malformed == "fail" or not config.dead_letter:
+                    sample = [r["error"] for r in decoded.malformed.limit(3).collect()]
+                    raise MalformedRecordsError(
+                        f"Batch {batch_id}: {bad} Kafka record(s) could not be decoded, e.g. {sample}; "
+                        "configure --dead-letter (on_malformed=dead_letter) to divert them.")
+                app_id = spark.sparkContext.getLocalProperty("sql.streaming.queryId") or "kafka_cdc_ingest"
+                append_rows(spark, decoded.malformed, config.dead_letter, f"{app_id}:malformed", batch_id)
+            sink(decoded.events, batch_id)
+        finally:
+            decoded.release()
         progress = dict(sink.lastProgress or {})
-        progress["malformedRecords"] = bad
+        progress.update(malformedRecords=bad, kafkaRecords=decoded.num_records, tombstones=decoded.num_tombstones)
+        return progress
+
+    def run(records: DataFrame, batch_id: int) -> None:
+        for attempt in range(1, len(DEFAULT_STORAGE_LEVELS) + 1):
+            level = level_for_attempt(DEFAULT_STORAGE_LEVELS, attempt)
+            try:
+                progress = run_once(records, batch_id, level)
+                break
+            except Exception as exc:
+                if attempt == len(DEFAULT_STORAGE_LEVELS) or not is_lost_block_error(exc):
+                    raise
+                log.warning("Batch %d: the decoded copy lost blocks on attempt %d (%s); staging it again from "
+                            "the Kafka records", batch_id, attempt, type(exc).__name__)
         on_progress(progress)
 
     return run, sink
