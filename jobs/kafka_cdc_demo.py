@@ -42,6 +42,11 @@ def run_demo(workdir: Path, events: int, keys: int, max_offsets: int, partitions
             broker.produce(topic, [(r.key, r.value) for r in records])
             expected[table] = state
             print(f"Produced {len(records)} records to {topic} ({partitions} partitions)")
+        # Done producing: close the producer and admin client now. Left open, their I/O
+        # thread keeps running during the ingestion, and whenever the busy driver delays one
+        # of its steps kafka-python warns ("Task ... ran for 0.1s ... blocking the event
+        # loop") although nothing is wrong.
+        broker.client().close()
         started = time.monotonic()
         queries = []
         for table, spec in cdc_generator.TABLES.items():

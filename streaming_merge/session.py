@@ -6,10 +6,16 @@ run is quiet and fast (few shuffle partitions, no UI unless asked).
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 
 from pyspark.sql import SparkSession
+
+log = logging.getLogger(__name__)
+
+LOOPBACK = "127.0.0.1"
+_ADDRESS_SETTINGS = ("spark.driver.host", "spark.driver.bindAddress")
 
 
 def local_session(
@@ -27,6 +33,7 @@ def local_session(
     """
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    conf = {**_loopback_conf(master, extra_conf or {}), **(extra_conf or {})}
     builder = (
         SparkSession.builder.appName(app_name)
         .master(master)
@@ -43,8 +50,27 @@ def local_session(
         # trips per MERGE, a third of a small MERGE's driver time.
         .config("spark.python.sql.dataFrameDebugging.enabled", "false")
     )
-    for key, value in (extra_conf or {}).items():
+    for key, value in conf.items():
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
     return spark
+
+
+def _loopback_conf(master: str, extra_conf: dict[str, str]) -> dict[str, str]:
+    """Bind a local master to loopback unless the user chose an address.
+
+    Without an address Spark looks up the machine's hostname; where that resolves to a
+    loopback address (most laptops and containers) it warns on every start ("Your hostname
+    ... resolves to a loopback address ... Set SPARK_LOCAL_IP") and binds to the first
+    non-loopback interface instead, which a local run never needs. SPARK_LOCAL_IP must be in
+    the environment before the JVM starts: the warning comes from the launcher, before any
+    Spark setting is read."""
+    if not master.strip().lower().startswith("local"):
+        return {}
+    if any(os.environ.get(name) for name in ("SPARK_LOCAL_IP", "SPARK_LOCAL_HOSTNAME")) or \
+            any(key in extra_conf for key in _ADDRESS_SETTINGS):
+        return {}
+    os.environ["SPARK_LOCAL_IP"] = LOOPBACK
+    log.debug("Local master %s: driver bound to %s", master, LOOPBACK)
+    return {"spark.driver.host": LOOPBACK}
