@@ -1,23 +1,28 @@
-"""A Spark streaming source for Kafka on the Python Data Source API and kafka-python.
+"""A Spark streaming source for Kafka on the Python Data Source API.
 
 Spark's JVM Kafka connector is not on PyPI, so this source offers the same option
 names and output columns (``kafka.bootstrap.servers``, ``subscribe``,
 ``subscribePattern``, ``startingOffsets``, ``maxOffsetsPerTrigger``,
-``failOnDataLoss``; key, value, topic, partition, offset, timestamp, timestampType,
-headers). Offsets are Spark's JSON form ``{"topic": {"0": 42}}`` and are checkpointed by
-Spark. One Spark input partition per Kafka partition range, read on the executors;
-records travel as Arrow batches, not row by row.
+``failOnDataLoss``, ``kafkaConsumer.pollTimeoutMs``, ``groupIdPrefix``, ``kafka.*`` client
+options; key, value, topic, partition, offset, timestamp, timestampType, headers). Offsets
+are Spark's JSON form ``{"topic": {"0": 42}}`` and are checkpointed by Spark. One Spark
+input partition per Kafka partition range, read on the executors; records travel as Arrow
+batches, not row by row.
+
+The client is confluent-kafka when it imports, else kafka-python; ``kafka.client`` chooses
+(see ``_clients``: option translation, the executors' consumer cache, the Arrow columns).
+The driver fetches topic metadata and offsets once per trigger: ``latestOffset`` takes a
+snapshot that ``reportLatestOffset`` and ``partitions`` of the same trigger reuse.
 """
 
 from __future__ import annotations
 
-import datetime as dt
 import json
 import logging
 import re
 import time
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import pyarrow as pa
@@ -25,7 +30,36 @@ from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPart
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxRows, SupportsTriggerAvailableNow
 from pyspark.sql.types import StructType
 
-from streaming_merge.errors import StreamingMergeError
+from streaming_merge.kafka._clients import (
+    ARROW_SCHEMA,
+    CLIENT_KINDS,
+    STATS_DIR_ENV,
+    ClientSpec,
+    KafkaSourceError,
+    MetadataClient,
+    ReadRequest,
+    clear_consumer_cache,
+    consumer_cache_stats,
+    read_partition,
+    resolve_client_kind,
+    translate_options,
+)
+
+__all__ = [
+    "CLIENT_KINDS",
+    "SCHEMA",
+    "SHORT_NAME",
+    "STATS_DIR_ENV",
+    "KafkaDataSource",
+    "KafkaOptions",
+    "KafkaRange",
+    "KafkaSourceError",
+    "KafkaStreamReader",
+    "clear_consumer_cache",
+    "consumer_cache_stats",
+    "read_range",
+    "register",
+]
 
 log = logging.getLogger(__name__)
 
@@ -34,18 +68,12 @@ SCHEMA = (
     "key binary, value binary, topic string, partition int, offset long, timestamp timestamp, "
     "timestampType int, headers array<struct<key: string, value: binary>>"
 )
-_ARROW_SCHEMA = pa.schema([
-    ("key", pa.binary()), ("value", pa.binary()), ("topic", pa.string()), ("partition", pa.int32()),
-    ("offset", pa.int64()), ("timestamp", pa.timestamp("us", tz="UTC")), ("timestampType", pa.int32()),
-    ("headers", pa.list_(pa.struct([("key", pa.string()), ("value", pa.binary())]))),
-])
-_BATCH_ROWS = 5000
+_ARROW_SCHEMA = ARROW_SCHEMA
+# How long one trigger's metadata snapshot serves reportLatestOffset and partitions: the calls
+# of one trigger are milliseconds apart; an older snapshot (a restart re-planning a batch from
+# the offset log) is refreshed.
+_SNAPSHOT_TTL_S = 10.0
 Offsets = dict[str, dict[str, int]]
-
-
-class KafkaSourceError(StreamingMergeError):
-    """Raised when the Kafka source cannot continue: bad options, an unreachable broker,
-    or (with failOnDataLoss) offsets that are no longer available."""
 
 
 @dataclass(frozen=True)
@@ -57,7 +85,7 @@ class KafkaOptions:
     max_offsets_per_trigger: int | None
     fail_on_data_loss: bool
     poll_timeout_ms: int
-    client_options: Mapping[str, str]
+    client: ClientSpec
 
     @classmethod
     def parse(cls, options: Mapping[str, str]) -> KafkaOptions:
@@ -75,9 +103,15 @@ class KafkaOptions:
         if fail_on_data_loss not in ("true", "false"):
             raise KafkaSourceError(
                 f"failOnDataLoss must be 'true' or 'false', got {lowered['failondataloss']!r}.")
+        poll_timeout = lowered.get("kafkaconsumer.polltimeoutms", "120000").strip()
+        if not poll_timeout.isdigit() or int(poll_timeout) <= 0:
+            raise KafkaSourceError(f"kafkaConsumer.pollTimeoutMs must be a positive integer, got {poll_timeout!r}.")
         starting = _parse_starting_offsets(lowered.get("startingoffsets", "latest"))
-        client = {k[len("kafka."):]: v for k, v in options.items()
-                  if k.lower().startswith("kafka.") and k.lower() != "kafka.bootstrap.servers"}
+        kind = resolve_client_kind(lowered.get("kafka.client"))
+        client_options = {k[len("kafka."):]: v for k, v in lowered.items()
+                          if k.startswith("kafka.") and k not in ("kafka.bootstrap.servers", "kafka.client")}
+        client = ClientSpec(kind=kind, bootstrap_servers=servers, settings=translate_options(kind, client_options),
+                            group_id_prefix=lowered.get("groupidprefix", "spark-kafka-source"))
         return cls(
             bootstrap_servers=servers,
             topics=tuple(t.strip() for t in (subscribe or "").split(",") if t.strip()),
@@ -85,8 +119,8 @@ class KafkaOptions:
             starting_offsets=starting,
             max_offsets_per_trigger=int(limit) if limit else None,
             fail_on_data_loss=fail_on_data_loss == "true",
-            poll_timeout_ms=int(lowered.get("kafkaconsumer.polltimeoutms", "120000")),
-            client_options=client,
+            poll_timeout_ms=int(poll_timeout),
+            client=client,
         )
 
 
@@ -109,17 +143,6 @@ def _parse_starting_offsets(value: str) -> str:
     return how
 
 
-def _consumer(options: KafkaOptions) -> Any:
-    from kafka import KafkaConsumer
-    from kafka.errors import KafkaError
-
-    try:
-        return KafkaConsumer(bootstrap_servers=options.bootstrap_servers.split(","), enable_auto_commit=False,
-                             group_id=None, request_timeout_ms=30000)
-    except KafkaError as exc:
-        raise KafkaSourceError(f"Cannot reach Kafka at {options.bootstrap_servers}: {exc}") from exc
-
-
 @dataclass(frozen=True)
 class KafkaRange(InputPartition):
     """Offsets [start, end) of one topic partition: one Spark task."""
@@ -130,26 +153,36 @@ class KafkaRange(InputPartition):
     end: int
 
 
+@dataclass(frozen=True)
+class _Snapshot:
+    """Topic metadata and watermarks of the subscribed partitions at one moment."""
+
+    earliest: Offsets
+    latest: Offsets
+    taken: float = field(default_factory=time.monotonic)
+
+
 class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     """Driver side: offsets and planning. ``read`` runs on the executors."""
 
     def __init__(self, options: KafkaOptions) -> None:
         self._options = options
-        self._client: Any = None
+        self._client: MetadataClient | None = None
+        self._snapshot: _Snapshot | None = None
         self._available_now_target: Offsets | None = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        # Executors get the options only: a driver client (sockets, threads) does not pickle.
+        return {**self.__dict__, "_client": None, "_snapshot": None}
 
     # -------------------------------------------------------------- driver: offsets
 
-    def _kafka(self) -> Any:
+    def _kafka(self) -> MetadataClient:
         if self._client is None:
-            self._client = _consumer(self._options)
+            self._client = MetadataClient(self._options.client)
         return self._client
 
-    def _partitions(self) -> list[Any]:
-        from kafka import TopicPartition
-
-        client = self._kafka()
-        available = client.topics()  # always a fresh metadata request: picks up new partitions
+    def _subscribed(self, available: Mapping[str, list[int]]) -> list[tuple[str, int]]:
         if self._options.pattern:
             regex = re.compile(self._options.pattern)
             topics = sorted(t for t in available if regex.fullmatch(t))
@@ -159,48 +192,56 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 raise KafkaSourceError(
                     f"Subscribed topic(s) {missing} do not exist on {self._options.bootstrap_servers}.")
             topics = list(self._options.topics)
-        return [TopicPartition(t, p) for t in topics for p in sorted(client.partitions_for_topic(t) or ())]
+        return [(t, p) for t in topics for p in available[t]]
 
-    def _ends(self, partitions: list[Any]) -> Offsets:
-        ends = self._kafka().end_offsets(partitions) if partitions else {}
-        return _nest({(tp.topic, tp.partition): off for tp, off in ends.items()})
+    def _fresh(self) -> _Snapshot:
+        """One metadata request (picks up new partitions and topics) and the watermarks of
+        the subscribed partitions; kept for the rest of the trigger."""
+        client = self._kafka()
+        partitions = self._subscribed(client.topics())
+        marks = client.watermarks(partitions)
+        self._snapshot = _Snapshot(earliest=_nest({tp: low for tp, (low, _) in marks.items()}),
+                                   latest=_nest({tp: high for tp, (_, high) in marks.items()}))
+        return self._snapshot
 
-    def _beginnings(self, partitions: list[Any]) -> Offsets:
-        starts = self._kafka().beginning_offsets(partitions) if partitions else {}
-        return _nest({(tp.topic, tp.partition): off for tp, off in starts.items()})
+    def _current(self) -> _Snapshot:
+        """This trigger's snapshot, or a fresh one when there is none (or it is old)."""
+        snapshot = self._snapshot
+        if snapshot is None or time.monotonic() - snapshot.taken > _SNAPSHOT_TTL_S:
+            return self._fresh()
+        return snapshot
 
     def initialOffset(self) -> dict:
-        partitions = self._partitions()
+        snapshot = self._fresh()
         how = self._options.starting_offsets.strip()
         if how == "earliest":
-            return self._beginnings(partitions)
+            return snapshot.earliest
         if how == "latest":
-            return self._ends(partitions)
+            return snapshot.latest
         try:
             given = json.loads(how)
         except json.JSONDecodeError as exc:
             raise KafkaSourceError(
                 f"startingOffsets must be 'earliest', 'latest' or JSON like {{\"topic\":{{\"0\":23}}}}, got {how!r}"
             ) from exc
-        earliest, latest = self._beginnings(partitions), self._ends(partitions)
         result: Offsets = {}
-        for topic, parts in latest.items():
+        for topic, parts in snapshot.latest.items():
             for part, end in parts.items():
                 wanted = given.get(topic, {}).get(part, -2)
-                result.setdefault(topic, {})[part] = {-2: earliest[topic][part], -1: end}.get(wanted, wanted)
+                result.setdefault(topic, {})[part] = {-2: snapshot.earliest[topic][part], -1: end}.get(wanted, wanted)
         return result
 
     def prepareForTriggerAvailableNow(self) -> None:
-        self._available_now_target = self._ends(self._partitions())
+        self._available_now_target = self._fresh().latest
 
     def getDefaultReadLimit(self) -> ReadLimit:
         limit = self._options.max_offsets_per_trigger
         return ReadMaxRows(limit) if limit else ReadAllAvailable()
 
     def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
-        partitions = self._partitions()
-        latest = self._available_now_target or self._ends(partitions)
-        earliest = self._beginnings(partitions)
+        snapshot = self._fresh()  # the first call of every trigger
+        latest = self._available_now_target or snapshot.latest
+        earliest = snapshot.earliest
         # New partitions (not in start) are read from their beginning, as Spark's source does.
         begin: Offsets = {t: {p: start.get(t, {}).get(p, earliest.get(t, {}).get(p, 0)) for p in parts}
                           for t, parts in latest.items()}
@@ -209,10 +250,10 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return {t: dict(parts) for t, parts in latest.items()}
 
     def reportLatestOffset(self) -> dict | None:
-        return self._ends(self._partitions())
+        return self._current().latest
 
     def partitions(self, start: dict, end: dict) -> list[KafkaRange]:
-        earliest = self._beginnings(self._partitions())
+        earliest = self._current().earliest
         ranges = []
         for topic, parts in end.items():
             for part, until in parts.items():
@@ -236,6 +277,7 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         if self._client is not None:
             self._client.close()
             self._client = None
+        self._snapshot = None
 
     # -------------------------------------------------------------- executors: records
 
@@ -245,57 +287,11 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
 
 def read_range(options: KafkaOptions, task: KafkaRange) -> Iterator[pa.RecordBatch]:
-    """Records [start, end) of one partition as Arrow batches; gaps are data loss."""
-    from kafka import TopicPartition
-
-    consumer = _consumer(options)
-    try:
-        tp = TopicPartition(task.topic, task.partition)
-        consumer.assign([tp])
-        consumer.seek(tp, task.start)
-        expected = task.start
-        rows: list[tuple[Any, ...]] = []
-        deadline = time.monotonic() + options.poll_timeout_ms / 1000
-        while expected < task.end:
-            batch = consumer.poll(timeout_ms=1000, max_records=_BATCH_ROWS).get(tp, [])
-            if not batch:
-                if time.monotonic() > deadline:
-                    raise KafkaSourceError(
-                        f"Timed out after {options.poll_timeout_ms} ms reading {task.topic}-{task.partition} at "
-                        f"offset {expected} (wanted up to {task.end}).")
-                continue
-            deadline = time.monotonic() + options.poll_timeout_ms / 1000
-            for record in batch:
-                if record.offset >= task.end:
-                    break
-                if record.offset > expected and options.fail_on_data_loss:
-                    raise KafkaSourceError(
-                        f"Offsets {expected}..{record.offset - 1} of {task.topic}-{task.partition} were lost "
-                        "(retention/compaction); set failOnDataLoss=false to skip them.")
-                rows.append(_row(record))
-                expected = record.offset + 1
-            if len(rows) >= _BATCH_ROWS:
-                yield _to_batch(rows)
-                rows = []
-            if batch and batch[-1].offset + 1 >= task.end:
-                break
-        if rows:
-            yield _to_batch(rows)
-    finally:
-        consumer.close()
-
-
-def _row(record: Any) -> tuple[Any, ...]:
-    stamp = dt.datetime.fromtimestamp(record.timestamp / 1000, dt.UTC) if record.timestamp is not None else None
-    headers = [{"key": k, "value": v} for k, v in (record.headers or [])]
-    return (record.key, record.value, record.topic, record.partition, record.offset, stamp,
-            int(record.timestamp_type or 0), headers)
-
-
-def _to_batch(rows: list[tuple[Any, ...]]) -> pa.RecordBatch:
-    columns = list(zip(*rows, strict=True))
-    return pa.RecordBatch.from_arrays([pa.array(c, type=f.type) for c, f in zip(columns, _ARROW_SCHEMA, strict=True)],
-                                      schema=_ARROW_SCHEMA)
+    """Records [start, end) of one partition as Arrow batches, through this worker's cached
+    consumer of that partition; offsets that vanished are data loss (failOnDataLoss)."""
+    request = ReadRequest(task.topic, task.partition, task.start, task.end, options.fail_on_data_loss,
+                          options.poll_timeout_ms / 1000)
+    yield from read_partition(options.client, request)
 
 
 def _nest(flat: Mapping[tuple[str, int], int]) -> Offsets:

@@ -323,7 +323,8 @@ def _merge(spark: SparkSession, request: MergeRequest, snapshot: Snapshot, resol
         map_side = broadcast and bool(resolved.not_matched) and not resolved.not_matched_by_source
         with phase(spark, "findTouchedFiles", "MERGE operation - scanning files for matches"):
             touched = find_touched_files(spark, snapshot, candidates, source, resolved, pairs,
-                                         keep_unmatched_source=level if map_side else None)
+                                         keep_unmatched_source=level if map_side else None,
+                                         single_match=_single_match(snapshot, source, stats, pairs))
         if touched.checkpoint is not None:
             held.append(touched.checkpoint)
         to_rewrite = touched.files
@@ -376,6 +377,19 @@ def _merge(spark: SparkSession, request: MergeRequest, snapshot: Snapshot, resol
         delete_written(snapshot.table_path, written)
         raise
     return MergeMetrics(metrics, attempts=attempt, table_version=version)
+
+
+def _single_match(snapshot: Snapshot, source: DataFrame, stats: SourceStats,
+                  pairs: list[tuple[str, str]]) -> bool:
+    """True when no target row can match two source rows: the source's unique key columns are
+    all joined by equality to target columns of the very same type (with a cast between them,
+    distinct source values could equal one target value)."""
+    if not stats.unique_keys:
+        return False
+    target_types = {f.name: f.dataType for f in snapshot.schema.fields}
+    source_types = {f.name: f.dataType for f in source.schema.fields}
+    same_type = {s for t, s in pairs if target_types.get(t) == source_types.get(s)}
+    return set(stats.unique_keys) <= same_type
 
 
 def _rewrite(spark: SparkSession, snapshot: Snapshot, candidates: list[DataFile], to_rewrite: list[DataFile],

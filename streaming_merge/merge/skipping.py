@@ -295,6 +295,9 @@ class SourceStats:
 
     rows: int
     ranges: Mapping[str, tuple[Any, Any]]
+    # Source columns whose values are known to be unique together (the sink keeps one event
+    # per key): a MERGE joining on equality of all of them cannot match a target row twice.
+    unique_keys: tuple[str, ...] = ()
 
     def covers(self, columns: Sequence[str]) -> bool:
         return all(c in self.ranges for c in columns)
@@ -372,6 +375,9 @@ class SkippingPlan:
                 return None
             if not has_keys:
                 return []
+            python_type = str if isinstance(data_type, StringType) else int
+            if type(low) is not python_type or type(high) is not python_type:  # a cast: Spark's rules apply
+                return None
             arrow_type = pa.string() if isinstance(data_type, StringType) else pa.int64()
             mins, maxs = (stats.column(f"{side}.{column}").cast(arrow_type) if f"{side}.{column}" in
                           stats.column_names else pa.nulls(stats.num_rows, arrow_type) for side in ("min", "max"))

@@ -80,6 +80,7 @@ def find_touched_files(
     key_pairs: Sequence[tuple[str, str]],
     *,
     keep_unmatched_source: str | None = None,
+    single_match: bool = False,
 ) -> TouchedFiles:
     """Touched files among ``candidates``; raises on multiple matches (Delta's rule).
 
@@ -88,6 +89,8 @@ def find_touched_files(
     row and folded per file. With ``keep_unmatched_source`` (a storage level) the join is a
     left outer join from the source and is checkpointed as it is computed, so the source
     rows that matched nothing (the inserts) can be written later without joining again.
+    ``single_match``: the caller proved that no target row can match twice (unique source
+    keys joined by equality of the same types), so the per-row count and its shuffle go.
     """
     source_alias, target_alias = resolved.source_alias, resolved.target_alias
     if not candidates:
@@ -119,11 +122,15 @@ def find_touched_files(
     checkpoint = None
     if keep_unmatched_source:
         rows = checkpoint = rows.localCheckpoint(eager=False, storageLevel=storage_level(keep_unmatched_source))
-    per_row = (rows.filter(F.col(FILE_PATH_COL).isNotNull())
-               .repartition(partitions, F.col(FILE_PATH_COL))
-               .groupBy(FILE_PATH_COL, ROW_INDEX_COL)
-               .agg(F.count(SOURCE_PRESENT).alias("matches"), F.max(TOUCH_COL).alias("touch"),
-                    *[F.first(f"key_{i}").alias(f"key_{i}") for i in range(len(key_columns))]))
+    per_row = rows.filter(F.col(FILE_PATH_COL).isNotNull())
+    if not single_match:  # count the matches of each target row: one more shuffle, of the matched rows
+        per_row = (per_row.repartition(partitions, F.col(FILE_PATH_COL))
+                   .groupBy(FILE_PATH_COL, ROW_INDEX_COL)
+                   .agg(F.count(SOURCE_PRESENT).alias("matches"), F.max(TOUCH_COL).alias("touch"),
+                        *[F.first(f"key_{i}").alias(f"key_{i}") for i in range(len(key_columns))]))
+    else:
+        per_row = per_row.select(FILE_PATH_COL, F.col(SOURCE_PRESENT).isNotNull().cast("int").alias("matches"),
+                                 F.col(TOUCH_COL).alias("touch"))
     per_file = per_row.groupBy(FILE_PATH_COL).agg(
         F.max("matches").alias("max_matches"),
         F.max("touch").alias("touch"),

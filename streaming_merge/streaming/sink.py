@@ -226,6 +226,8 @@ class MergeSink:
         frame, _ = materialize(prepared.frame, level)
         counts = {k: int(v or 0) for k, v in prepared.counts.get.items()}
         stats = source_stats_of(prepared.stats.get, list(self._spec.keys))
+        # One event per key either way: "last" keeps the newest, "error" refuses duplicates.
+        stats = dataclasses.replace(stats, unique_keys=tuple(self._spec.keys))
         return frame, (counts["rows"], counts["nullKeys"], counts["deletes"]), stats
 
     def _resolve_app_id(self, spark: SparkSession) -> str:

@@ -170,6 +170,28 @@ def test_multiple_matches_count_even_when_no_clause_condition_holds(spark: Spark
          .whenNotMatchedInsertAll().execute())
 
 
+def test_unique_source_keys_skip_the_per_row_count_only_when_no_cast_can_merge_them(
+        spark: SparkSession, people: DeltaTable) -> None:
+    from streaming_merge.merge.skipping import SourceStats
+
+    # Distinct strings "1" and "01" both equal the int target key 1: unique source keys do not
+    # rule out a multiple match through a cast, so the check must still run.
+    src = source(spark, [("1", "a"), ("01", "b")], "id string, name string")
+    claimed = SourceStats(2, {"id": ("01", "1")}, unique_keys=("id",))
+    with pytest.raises(MultipleSourceRowMatchingTargetRowError, match="id=1"):
+        (people.alias("t").merge(src, "t.id = s.id").whenMatchedUpdate(set={"name": "s.name"})
+         .withOptions(source_stats=claimed, materialize_source="none").execute())
+    assert version(people.path) == 0
+    # Same types: the unique keys are trusted and the upsert is applied.
+    src = source(spark, [(1, "a"), (9, "z")], "id int, name string")
+    metrics = (people.alias("t").merge(src, "t.id = s.id").whenMatchedUpdate(set={"name": "s.name"})
+               .whenNotMatchedInsert(values={"id": "s.id", "name": "s.name"})
+               .withOptions(source_stats=SourceStats(2, {"id": (1, 9)}, unique_keys=("id",)),
+                            materialize_source="none").execute())
+    assert (metrics["numTargetRowsUpdated"], metrics["numTargetRowsInserted"]) == (1, 1)
+    assert {r["id"]: r["name"] for r in rows(people.path)} == {1: "a", 2: "bob", 3: "cid", 4: "dan", 9: "z"}
+
+
 def test_lone_unconditional_delete_tolerates_duplicates_and_counts_once(spark: SparkSession,
                                                                         people: DeltaTable) -> None:
     src = source(spark, [(1, "a", 1, "eu"), (1, "b", 2, "eu"), (3, "c", 3, "eu")])
