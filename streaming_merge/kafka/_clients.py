@@ -23,6 +23,7 @@ Arrow), no ``datetime`` object is ever created.
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import logging
 import os
@@ -298,8 +299,8 @@ def _confluent_config(spec: ClientSpec, role: str) -> dict[str, Any]:
         # jump is then reported as data loss (or skipped) by the reader, as Spark does.
         "auto.offset.reset": "earliest",
         # librdkafka pauses a partition's fetching for this long when its local queue is over
-        # queued.min.messages; the default 1 s stalls a reader that drains the queue quickly.
-        "fetch.queue.backoff.ms": 20,
+        # its thresholds; the default (1 s) stalls a reader that drains the queue quickly.
+        "fetch.queue.backoff.ms": 5,
         # What one consumer prefetches (librdkafka's default is 64 MB). A cached consumer keeps
         # its partition assigned, so it prefetches the next range while idle, up to this much:
         # 4 MB reads as fast as 64 MB here and bounds memory and wasted broker reads when the
@@ -651,7 +652,7 @@ class ConfluentReader(PartitionReader):
                     records.append(message)
                 elif error.code() == KafkaError._PARTITION_EOF:
                     eof = max(eof or 0, message.offset())
-                elif error.fatal() or not (error.retriable() or error.code() in _TRANSIENT_CODES):
+                elif error.fatal() or not (error.retriable() or error.code() in _transient_codes()):
                     raise KafkaSourceError(
                         f"Reading {self._name()} at offset {expected} with {self.spec.describe()} failed: "
                         f"{error.str()}") from KafkaException(error)
@@ -720,16 +721,14 @@ class KafkaPythonReader(PartitionReader):
         return True, expected, done
 
 
+@functools.cache
 def _transient_codes() -> frozenset[int]:
-    try:
-        from confluent_kafka import KafkaError
-    except ImportError:
-        return frozenset()
+    """librdkafka error events that do not end a read (it reconnects and retries by itself;
+    the read's deadline bounds the wait). Imported lazily: only executors need them."""
+    from confluent_kafka import KafkaError
+
     return frozenset({KafkaError._TRANSPORT, KafkaError._ALL_BROKERS_DOWN, KafkaError._RESOLVE,
                       KafkaError._TIMED_OUT})
-
-
-_TRANSIENT_CODES = _transient_codes()
 
 
 # ----------------------------------------------------------------------------- executors: the cache
