@@ -34,7 +34,7 @@ import time
 import uuid
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from operator import attrgetter, itemgetter, methodcaller
 from typing import Any
 
@@ -280,7 +280,7 @@ class ClientSpec:
 
     kind: str
     bootstrap_servers: str
-    settings: tuple[tuple[str, Any], ...] = ()
+    settings: tuple[tuple[str, Any], ...] = field(default=(), repr=False)  # may hold credentials
     group_id_prefix: str = "spark-kafka-source"
 
     def describe(self) -> str:
