@@ -63,18 +63,15 @@ class MalformedRecordsError(StreamingMergeError):
     """Raised with on_malformed='fail' when a batch holds records that cannot be decoded."""
 
 
-def _row_schema(spark: SparkSession, config: IngestConfig, records: DataFrame) -> StructType:
-    """The table's schema once it exists (it is the contract), else the given or inferred one."""
+def _known_row_schema(spark: SparkSession, config: IngestConfig) -> StructType | None:
+    """The table's schema once it exists (it is the contract), else the given one; None when
+    it must be inferred from the records (first batch of a new table without --row-schema)."""
     if DeltaTable.isDeltaTable(spark, config.target):
         schema = load_snapshot(config.target).schema
         return StructType([f for f in schema.fields if f.name not in debezium.METADATA_COLUMNS])
     if config.row_schema:
         return StructType.fromDDL(config.row_schema)
-    return debezium.infer_row_schema(records)
-
-
-def _needs_inference(spark: SparkSession, config: IngestConfig) -> bool:
-    return not config.row_schema and not DeltaTable.isDeltaTable(spark, config.target)
+    return None
 
 
 def batch_function(config: IngestConfig, on_progress: Callable[[dict[str, Any]], None]
@@ -93,12 +90,13 @@ def batch_function(config: IngestConfig, on_progress: Callable[[dict[str, Any]],
 
     def run_once(records: DataFrame, batch_id: int, level: str) -> dict[str, Any]:
         spark = records.sparkSession
+        row_schema = _known_row_schema(spark, config)
         inferred_from: DataFrame | None = None
-        if _needs_inference(spark, config):  # first batch of a new table only: the schema needs a pass of its own
+        if row_schema is None:  # first batch of a new table only: inference needs a pass of its own
             records = inferred_from = records.localCheckpoint(eager=True, storageLevel=storage_level(level))
+            row_schema = debezium.infer_row_schema(records)
         try:
-            decoded = debezium.decode_batch(records, _row_schema(spark, config, records), keys=config.keys,
-                                            storage_level_name=level)
+            decoded = debezium.decode_batch(records, row_schema, keys=config.keys, storage_level_name=level)
         finally:
             if inferred_from is not None:
                 release(inferred_from)

@@ -214,3 +214,20 @@ def test_a_batch_whose_decoded_copy_is_lost_is_staged_again(spark: SparkSession,
     assert [(p["batchId"], p["malformedRecords"], p["kafkaRecords"], p["tombstones"]) for p in progress] == \
         [(0, len(MALFORMED), len(GOOD) + len(MALFORMED), 1)]
     assert deltalake.DeltaTable(config.target).transaction_version(query_id) == 0
+
+
+def test_a_new_table_without_a_row_schema_takes_the_inferred_one(spark: SparkSession, tmp_path: Path,
+                                                                 query_id: str) -> None:
+    """No --row-schema and no table yet: the schema is inferred from the first batch's row
+    images (that batch is read once more for it), then the batch is decoded with it."""
+    config = job.IngestConfig(bootstrap_servers="unused:9092", topics=TOPIC, target=str(tmp_path / "items"),
+                              keys=["id"], checkpoint=str(tmp_path / "chk"), dead_letter=str(tmp_path / "dead"))
+    clean = [(key, value, TOPIC, partition, offset, None, 0, []) for partition, offset, key, value, _ in GOOD[:5]]
+    progress: list[dict[str, Any]] = []
+    run, _ = job.batch_function(config, progress.append)
+    run(spark.createDataFrame(clean, SCHEMA), 0)
+
+    table = deltalake.DeltaTable(config.target)
+    assert [(f.name, f.type.type) for f in table.schema().fields][:2] == [("id", "long"), ("v", "string")]
+    assert {r["id"]: r["v"] for r in table.to_pyarrow_table().to_pylist()} == {1: "b", 3: None}
+    assert [(p["malformedRecords"], p["tombstones"]) for p in progress] == [(0, 1)]
