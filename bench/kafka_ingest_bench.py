@@ -204,13 +204,15 @@ def produce_keyed_bulk(bootstrap: str, topic: str, partitions: int,
 
 
 def raw_confluent(bootstrap: str, topic: str, counts: dict[int, int]) -> float:
-    """Seconds for one confluent-kafka consumer (default settings) to hold every record.
+    """Seconds for one confluent-kafka consumer to hold every record, with the source's fetch
+    settings (librdkafka's default fetch.queue.backoff.ms of 1 s stalls a fast reader).
     ``consume`` never asks for more records than remain: it blocks until it has
     ``num_messages`` or the timeout passes, so asking for more would time the timeout."""
     from confluent_kafka import Consumer, TopicPartition
 
     consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"bench-{time.time_ns()}",
-                         "enable.auto.commit": False})
+                         "enable.auto.commit": False, "fetch.queue.backoff.ms": 5,
+                         "queued.max.messages.kbytes": 4096})
     try:
         started = time.monotonic()
         consumer.assign([TopicPartition(topic, p, 0) for p in counts])
