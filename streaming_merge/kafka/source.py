@@ -17,6 +17,7 @@ snapshot that ``reportLatestOffset`` and ``partitions`` of the same trigger reus
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import re
@@ -160,6 +161,9 @@ class _Snapshot:
     earliest: Offsets
     latest: Offsets
     taken: float = field(default_factory=time.monotonic)
+    # Taken at query start (initialOffset, prepareForTriggerAvailableNow) and not yet used by
+    # a latestOffset: the first trigger's latestOffset, milliseconds later, uses it.
+    for_first_trigger: bool = False
 
 
 class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
@@ -194,14 +198,15 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             topics = list(self._options.topics)
         return [(t, p) for t in topics for p in available[t]]
 
-    def _fresh(self) -> _Snapshot:
+    def _fresh(self, for_first_trigger: bool = False) -> _Snapshot:
         """One metadata request (picks up new partitions and topics) and the watermarks of
         the subscribed partitions; kept for the rest of the trigger."""
         client = self._kafka()
         partitions = self._subscribed(client.topics())
         marks = client.watermarks(partitions)
         self._snapshot = _Snapshot(earliest=_nest({tp: low for tp, (low, _) in marks.items()}),
-                                   latest=_nest({tp: high for tp, (_, high) in marks.items()}))
+                                   latest=_nest({tp: high for tp, (_, high) in marks.items()}),
+                                   for_first_trigger=for_first_trigger)
         return self._snapshot
 
     def _current(self) -> _Snapshot:
@@ -212,7 +217,7 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return snapshot
 
     def initialOffset(self) -> dict:
-        snapshot = self._fresh()
+        snapshot = self._fresh(for_first_trigger=True)
         how = self._options.starting_offsets.strip()
         if how == "earliest":
             return snapshot.earliest
@@ -232,14 +237,19 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return result
 
     def prepareForTriggerAvailableNow(self) -> None:
-        self._available_now_target = self._fresh().latest
+        self._available_now_target = self._fresh(for_first_trigger=True).latest
 
     def getDefaultReadLimit(self) -> ReadLimit:
         limit = self._options.max_offsets_per_trigger
         return ReadMaxRows(limit) if limit else ReadAllAvailable()
 
     def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
-        snapshot = self._fresh()  # the first call of every trigger
+        # The first call of every trigger: fresh metadata, unless the query just started.
+        snapshot = self._snapshot
+        if snapshot is None or not snapshot.for_first_trigger or time.monotonic() - snapshot.taken > _SNAPSHOT_TTL_S:
+            snapshot = self._fresh()
+        else:
+            self._snapshot = dataclasses.replace(snapshot, for_first_trigger=False)
         latest = self._available_now_target or snapshot.latest
         earliest = snapshot.earliest
         # New partitions (not in start) are read from their beginning, as Spark's source does.
