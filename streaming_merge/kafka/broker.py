@@ -156,7 +156,6 @@ class KafkaBrokerClient:
         self.kind: BrokerKind = kind
         self.timeout_s = timeout_s
         self._admin: object | None = None
-        self._producer: object | None = None
 
     # -- clients -----------------------------------------------------------------------
 
@@ -169,18 +168,21 @@ class KafkaBrokerClient:
                 raise KafkaBrokerError(f"cannot connect an admin client to {self.bootstrap_servers}: {exc}") from exc
         return self._admin
 
-    def _producer_client(self):  # type: ignore[no-untyped-def]
-        if self._producer is None:
-            kafka = _import_kafka()
-            config = _client_config(self.bootstrap_servers, self.timeout_s)
-            config.pop("bootstrap_timeout_ms", None)
-            try:
-                # One record per batch: linger 0 and a batch size smaller than any record; the
-                # caller also waits for each acknowledgement before sending the next record.
-                self._producer = kafka.KafkaProducer(**config, linger_ms=0, batch_size=1, acks="all", retries=3)
-            except kafka.errors.KafkaError as exc:
-                raise KafkaBrokerError(f"cannot connect a producer to {self.bootstrap_servers}: {exc}") from exc
-        return self._producer
+    def _new_producer(self):  # type: ignore[no-untyped-def]
+        """A producer for one :meth:`produce` call. Not kept between calls: an idle
+        kafka-python 3 producer's network thread re-runs its metadata refresh in a loop that
+        holds the GIL, which took a whole core from the process for as long as the producer
+        lived, and slowed every py4j round trip of a PySpark driver sharing the process by up
+        to a GIL switch interval (the test session went from ~12 to 68 minutes)."""
+        kafka = _import_kafka()
+        config = _client_config(self.bootstrap_servers, self.timeout_s)
+        config.pop("bootstrap_timeout_ms", None)
+        try:
+            # One record per batch: linger 0 and a batch size smaller than any record; the
+            # caller also waits for each acknowledgement before sending the next record.
+            return kafka.KafkaProducer(**config, linger_ms=0, batch_size=1, acks="all", retries=3)
+        except kafka.errors.KafkaError as exc:
+            raise KafkaBrokerError(f"cannot connect a producer to {self.bootstrap_servers}: {exc}") from exc
 
     def _new_consumer(self):  # type: ignore[no-untyped-def]
         """A fresh, group-less consumer: its metadata is fetched on first use, so it sees
@@ -193,13 +195,11 @@ class KafkaBrokerClient:
             raise KafkaBrokerError(f"cannot connect a consumer to {self.bootstrap_servers}: {exc}") from exc
 
     def close(self) -> None:
-        """Close the cached admin client and producer (idempotent)."""
-        for name in ("_producer", "_admin"):
-            client = getattr(self, name)
-            setattr(self, name, None)
-            if client is not None:
-                with contextlib.suppress(Exception):
-                    client.close()  # type: ignore[attr-defined]
+        """Close the cached admin client (idempotent)."""
+        client, self._admin = self._admin, None
+        if client is not None:
+            with contextlib.suppress(Exception):
+                client.close()  # type: ignore[attr-defined]
 
     def __enter__(self) -> KafkaBrokerClient:
         return self
@@ -347,26 +347,31 @@ class KafkaBrokerClient:
         offset lag behind the records actually stored.
         """
         kafka = _import_kafka()
-        producer = self._producer_client()
+        producer = self._new_producer()
         produced: list[ProducedRecord] = []
-        for item in records:
-            record = _as_record(item)
-            target = record.partition if record.partition is not None else partition
-            try:
-                future = producer.send(  # type: ignore[attr-defined]
-                    topic,
-                    value=_as_bytes(record.value),
-                    key=_as_bytes(record.key),
-                    headers=list(record.headers) or None,
-                    partition=target,
-                    timestamp_ms=record.timestamp_ms,
-                )
-                metadata = future.get(timeout=self.timeout_s)
-            except kafka.errors.KafkaError as exc:
-                raise KafkaBrokerError(
-                    f"producing to {topic!r} (partition {target}) failed after {len(produced)} records: {exc}"
-                ) from exc
-            produced.append(ProducedRecord(metadata.topic, metadata.partition, metadata.offset, metadata.timestamp))
+        try:
+            for item in records:
+                record = _as_record(item)
+                target = record.partition if record.partition is not None else partition
+                try:
+                    future = producer.send(  # type: ignore[attr-defined]
+                        topic,
+                        value=_as_bytes(record.value),
+                        key=_as_bytes(record.key),
+                        headers=list(record.headers) or None,
+                        partition=target,
+                        timestamp_ms=record.timestamp_ms,
+                    )
+                    metadata = future.get(timeout=self.timeout_s)
+                except kafka.errors.KafkaError as exc:
+                    raise KafkaBrokerError(
+                        f"producing to {topic!r} (partition {target}) failed after {len(produced)} records: {exc}"
+                    ) from exc
+                produced.append(ProducedRecord(metadata.topic, metadata.partition, metadata.offset,
+                                               metadata.timestamp))
+        finally:
+            with contextlib.suppress(Exception):
+                producer.close(timeout=self.timeout_s)  # type: ignore[attr-defined]
         return produced
 
 

@@ -85,6 +85,10 @@ class MergeOptions:
     broadcast_source_bytes: int | None = None
     # New files are cut to about this size (Delta's and delta-rs' default is 128 MB / 100 MB).
     target_file_size: int = 128 * 1024 * 1024
+    # One file is written by one task, so a single output file leaves the other cores idle:
+    # the output is spread over up to one file per core while each file still gets at least
+    # this many bytes (a 22 MB rewrite on 2 cores: 2 files, half the write time).
+    min_parallel_file_size: int = 8 * 1024 * 1024
     # The source's row count and key ranges when the caller already observed them (the
     # streaming sink does, while materializing the batch): saves the MERGE a pass.
     source_stats: SourceStats | None = field(default=None, compare=False)
@@ -102,6 +106,9 @@ class MergeOptions:
             raise ValueError("storage_levels needs at least one storage level name")
         if self.target_file_size < 1:
             raise ValueError(f"target_file_size must be a positive number of bytes, got {self.target_file_size}")
+        if self.min_parallel_file_size < 1:
+            raise ValueError("min_parallel_file_size must be a positive number of bytes, "
+                             f"got {self.min_parallel_file_size}")
 
 
 @dataclass(frozen=True)
@@ -335,7 +342,7 @@ def _merge(spark: SparkSession, request: MergeRequest, snapshot: Snapshot, resol
 
     rewrite_started = time.monotonic()
     layout = FileLayout(options.repartition_before_write, options.target_file_size,
-                        sum(f.size for f in to_rewrite) + source_bytes)
+                        sum(f.size for f in to_rewrite) + source_bytes, options.min_parallel_file_size)
     result = _rewrite(spark, snapshot, candidates, to_rewrite, source, resolved, touched, pairs, layout,
                       options.optimize_matched_only, broadcast)
     metrics["rewriteTimeMs"] = _millis_since(rewrite_started)

@@ -94,23 +94,34 @@ def _codes(clauses: Sequence[ResolvedClause], delete: bool) -> list[int]:
 @dataclass(frozen=True)
 class FileLayout:
     """How the new files are cut: one file per partition value (a shuffle on the partition
-    columns) when ``repartition`` is on, and as few files as ``target_file_size`` allows."""
+    columns) when ``repartition`` is on, and as few files as ``target_file_size`` allows,
+    except that a large output is spread over the cores (``min_parallel_file_size``)."""
 
     repartition: bool
     target_file_size: int
     estimated_bytes: int  # the rewritten files' bytes plus the source's, a bound on the output
+    min_parallel_file_size: int = 8 * 1024 * 1024
+
+    @property
+    def files_by_size(self) -> int:
+        return max(1, -(-self.estimated_bytes // max(1, self.target_file_size)))
+
+    def files(self, parallelism: int) -> int:
+        """Output files (tasks) for an unpartitioned write."""
+        by_cores = min(parallelism, self.estimated_bytes // max(1, self.min_parallel_file_size))
+        return max(self.files_by_size, by_cores)
 
 
 def _write(spark: SparkSession, snapshot: Snapshot, frame: DataFrame, resolved: ResolvedMerge,
            layout: FileLayout) -> list[WrittenFile]:
     partition_columns = snapshot.partition_columns
-    files = max(1, -(-layout.estimated_bytes // max(1, layout.target_file_size)))
+    parallelism = max(1, int(spark.sparkContext.defaultParallelism))
     if partition_columns and layout.repartition:
         buckets = max(1, min(int(spark.conf.get("spark.sql.shuffle.partitions") or 1),
-                             int(spark.sparkContext.defaultParallelism) * files))
+                             parallelism * layout.files_by_size))
         frame = frame.repartition(buckets, *[F.col(f"`{c}`") for c in partition_columns])
     elif not partition_columns:
-        frame = frame.coalesce(files)
+        frame = frame.coalesce(layout.files(parallelism))
     return write_files(spark, frame, snapshot.table_path, resolved.output_schema, partition_columns)
 
 

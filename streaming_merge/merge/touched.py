@@ -1,7 +1,7 @@
 """findTouchedFiles: which target files hold rows this MERGE changes, and multiple matches.
 
 One Spark job joins the source with the data-skipped target files (each target row
-carrying its file path and row index as a row id), counts the matches per target row,
+carrying its file, as an int id, and its row index inside the file), counts the matches per target row,
 and folds them per file. Only the per-file summary (one row per candidate file) comes
 back to the driver; offending rows are fetched (at most ten) only when the
 multiple-match check fails.
@@ -9,6 +9,7 @@ multiple-match check fails.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -49,6 +50,7 @@ class TouchedFiles:
 
 
 TOUCH_COL = "__sm_touch__"
+FILE_ID_COL = "__sm_file_id__"
 
 
 def any_of(clauses: Sequence[ResolvedClause]) -> Column:
@@ -96,7 +98,17 @@ def find_touched_files(
     if not candidates:
         return TouchedFiles([], 0, source if keep_unmatched_source else None)
     partitions = join_partitions(spark, sum(f.size for f in candidates))
-    src, tgt = source, scan_files(spark, snapshot, candidates, with_row_id=True, schema=resolved.output_schema)
+    # Every target row crosses the shuffle with its file's identity: an int (the candidate's
+    # position, looked up in a constant map) instead of the path string, which at ~100 bytes
+    # a row was most of the shuffled bytes.
+    spark_paths = spark_file_paths(spark, snapshot.table_path, candidates)
+    file_ids = F.from_json(F.lit(json.dumps({p: i for i, p in enumerate(spark_paths)})), "map<string,int>")
+    src = source
+    tgt = (scan_files(spark, snapshot, candidates, with_row_id=True, schema=resolved.output_schema)
+           .withColumn(FILE_ID_COL, F.coalesce(
+               F.try_element_at(file_ids, F.col(FILE_PATH_COL)),
+               F.raise_error(F.concat(F.lit("MERGE scanned a file it did not select: "), F.col(FILE_PATH_COL)))))
+           .drop(FILE_PATH_COL))
     if key_pairs:
         src = src.repartition(partitions, *[F.col(f"`{s}`") for _, s in key_pairs])
         tgt = tgt.repartition(partitions, *[F.col(f"`{t}`") for t, _ in key_pairs])
@@ -116,22 +128,22 @@ def find_touched_files(
     source_columns = [c for c in source.columns if c not in (SOURCE_PRESENT, TARGET_PRESENT)]
     rows = joined.select(
         *([qualified(source_alias, c).alias(c) for c in source_columns] if keep_unmatched_source else []),
-        F.col(SOURCE_PRESENT), F.col(FILE_PATH_COL), F.col(ROW_INDEX_COL), touch.cast("int").alias(TOUCH_COL),
+        F.col(SOURCE_PRESENT), F.col(FILE_ID_COL), F.col(ROW_INDEX_COL), touch.cast("int").alias(TOUCH_COL),
         *[qualified(target_alias, k).alias(f"key_{i}") for i, k in enumerate(key_columns)],
     )
     checkpoint = None
     if keep_unmatched_source:
         rows = checkpoint = rows.localCheckpoint(eager=False, storageLevel=storage_level(keep_unmatched_source))
-    per_row = rows.filter(F.col(FILE_PATH_COL).isNotNull())
+    per_row = rows.filter(F.col(FILE_ID_COL).isNotNull())
     if not single_match:  # count the matches of each target row: one more shuffle, of the matched rows
-        per_row = (per_row.repartition(partitions, F.col(FILE_PATH_COL))
-                   .groupBy(FILE_PATH_COL, ROW_INDEX_COL)
+        per_row = (per_row.repartition(partitions, F.col(FILE_ID_COL))
+                   .groupBy(FILE_ID_COL, ROW_INDEX_COL)
                    .agg(F.count(SOURCE_PRESENT).alias("matches"), F.max(TOUCH_COL).alias("touch"),
                         *[F.first(f"key_{i}").alias(f"key_{i}") for i in range(len(key_columns))]))
     else:
-        per_row = per_row.select(FILE_PATH_COL, F.col(SOURCE_PRESENT).isNotNull().cast("int").alias("matches"),
+        per_row = per_row.select(FILE_ID_COL, F.col(SOURCE_PRESENT).isNotNull().cast("int").alias("matches"),
                                  F.col(TOUCH_COL).alias("touch"))
-    per_file = per_row.groupBy(FILE_PATH_COL).agg(
+    per_file = per_row.groupBy(FILE_ID_COL).agg(
         F.max("matches").alias("max_matches"),
         F.max("touch").alias("touch"),
         F.sum(F.when(F.col("matches") > 0, 1).otherwise(0)).alias("matched_rows"),
@@ -142,24 +154,23 @@ def find_touched_files(
     if not exempt and any((row["max_matches"] or 0) > 1 for row in summary):
         offending = (per_row.filter(F.col("matches") > 1)
                      .orderBy(F.col("matches").desc()).limit(MAX_REPORTED_ROWS).collect())
-        _raise_multiple_matches(offending, key_columns)
+        _raise_multiple_matches(offending, key_columns, spark_paths)
 
-    by_spark_path = dict(zip(spark_file_paths(spark, snapshot.table_path, candidates), candidates, strict=True))
-    touched = [by_spark_path[row[FILE_PATH_COL]] for row in summary if row["touch"]]
+    touched = [candidates[row[FILE_ID_COL]] for row in summary if row["touch"]]
     matched_rows = sum(int(row["matched_rows"] or 0) for row in summary)
     unmatched = None
     if checkpoint is not None:
-        unmatched = checkpoint.filter(F.col(FILE_PATH_COL).isNull()).select(*[F.col(f"`{c}`") for c in source_columns])
+        unmatched = checkpoint.filter(F.col(FILE_ID_COL).isNull()).select(*[F.col(f"`{c}`") for c in source_columns])
     return TouchedFiles(touched, matched_rows, unmatched, checkpoint)
 
 
-def _raise_multiple_matches(offending: list, key_columns: Sequence[str]) -> None:
+def _raise_multiple_matches(offending: list, key_columns: Sequence[str], spark_paths: Sequence[str]) -> None:
     rows: list[tuple[dict[str, object], int]] = []
     for row in offending:
         if key_columns:
             key = {name: row[f"key_{i}"] for i, name in enumerate(key_columns)}
         else:
-            key = {"file": row[FILE_PATH_COL], "row_index": row[ROW_INDEX_COL]}
+            key = {"file": spark_paths[row[FILE_ID_COL]], "row_index": row[ROW_INDEX_COL]}
         rows.append((key, int(row["matches"])))
     listing = "; ".join(
         ", ".join(f"{k}={v!r}" for k, v in key.items()) + f" (matched by {count} source rows)" for key, count in rows
