@@ -35,7 +35,7 @@ job once with ``availableNow`` and reports:
 * **batch latency**: p50, p95 and max of Spark's ``triggerExecution`` over the batches;
 * **per batch**: Spark's own phase durations (``latestOffset``, ``getBatch``,
   ``queryPlanning``, ``walCommit``, ``addBatch``, ``commitOffsets``) next to the MergeSink's
-  (``materialize``, ``dedupe``, ``merge``, ``commit``, ``total``). The Kafka read is lazy: it
+  (``materialize``, ``tombstones``, ``merge``, ``commit``, ``total``). The Kafka read is lazy: it
   happens inside ``addBatch``, when the job's batch function checkpoints the records, so
   ``addBatch − sink.total`` is reading Kafka + decoding + the dead-letter append, and
   ``latestOffset + getBatch`` is the driver's offset planning against the broker;
@@ -89,7 +89,7 @@ from streaming_merge.session import local_session
 TABLE = "orders"
 SPARK_PHASES = ("latestOffset", "getBatch", "queryPlanning", "walCommit", "addBatch", "commitOffsets",
                 "triggerExecution")
-SINK_PHASES = ("materialize", "dedupe", "merge", "commit", "total")
+SINK_PHASES = ("materialize", "tombstones", "merge", "commit", "total")
 QUERY_TIMEOUT_S = 3600.0
 
 
