@@ -91,6 +91,17 @@ def _codes(clauses: Sequence[ResolvedClause], delete: bool) -> list[int]:
     return [c.code for c in clauses if c.clause.is_delete == delete]
 
 
+def _target_row_counts(resolved: ResolvedMerge) -> list[Column]:
+    """The metrics of what happened to target rows (copied, updated, deleted), by action code."""
+    return [
+        _count([COPY], "numTargetRowsCopied"),
+        _count(_codes(resolved.matched, delete=False), "numTargetRowsMatchedUpdated"),
+        _count(_codes(resolved.matched, delete=True), "numTargetRowsMatchedDeleted"),
+        _count(_codes(resolved.not_matched_by_source, delete=False), "numTargetRowsNotMatchedBySourceUpdated"),
+        _count(_codes(resolved.not_matched_by_source, delete=True), "numTargetRowsNotMatchedBySourceDeleted"),
+    ]
+
+
 @dataclass(frozen=True)
 class FileLayout:
     """How the new files are cut: one file per partition value (a shuffle on the partition
@@ -156,13 +167,8 @@ def write_all_changes(
         .otherwise(F.lit(DROP))
     )
     with_action = joined.withColumn(ACTION_COL, action).observe(
-        out_obs,
-        _count([COPY], "numTargetRowsCopied"),
-        _count(_codes(resolved.matched, delete=False), "numTargetRowsMatchedUpdated"),
-        _count(_codes(resolved.matched, delete=True), "numTargetRowsMatchedDeleted"),
+        out_obs, *_target_row_counts(resolved),
         _count(_codes(resolved.not_matched, delete=False), "numTargetRowsInserted"),
-        _count(_codes(resolved.not_matched_by_source, delete=False), "numTargetRowsNotMatchedBySourceUpdated"),
-        _count(_codes(resolved.not_matched_by_source, delete=True), "numTargetRowsNotMatchedBySourceDeleted"),
     )
     dropped = [DROP, *_codes(resolved.all, delete=True)]
     output = with_action.filter(~F.col(ACTION_COL).isin(dropped)).select(*_outputs(resolved, resolved.all, True))
@@ -194,14 +200,7 @@ def write_changes_map_side(
     rewritten = tgt.join(src, resolved.condition, "left_outer")
     action = F.when(F.col(SOURCE_PRESENT).isNotNull(), _first_applicable(resolved.matched, COPY)).otherwise(
         _first_applicable(resolved.not_matched_by_source, COPY))
-    rewritten = rewritten.withColumn(ACTION_COL, action).observe(
-        target_obs,
-        _count([COPY], "numTargetRowsCopied"),
-        _count(_codes(resolved.matched, delete=False), "numTargetRowsMatchedUpdated"),
-        _count(_codes(resolved.matched, delete=True), "numTargetRowsMatchedDeleted"),
-        _count(_codes(resolved.not_matched_by_source, delete=False), "numTargetRowsNotMatchedBySourceUpdated"),
-        _count(_codes(resolved.not_matched_by_source, delete=True), "numTargetRowsNotMatchedBySourceDeleted"),
-    )
+    rewritten = rewritten.withColumn(ACTION_COL, action).observe(target_obs, *_target_row_counts(resolved))
     inserts = (unmatched_source.alias(resolved.source_alias)
                .withColumn(ACTION_COL, _first_applicable(resolved.not_matched, DROP))
                .observe(insert_obs, _count(_codes(resolved.not_matched, delete=False), "numTargetRowsInserted")))

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +24,7 @@ import jobs.kafka_cdc_ingest as job
 from streaming_merge.kafka import debezium
 from streaming_merge.kafka.source import SCHEMA
 from streaming_merge.merge.materialize import checkpoint_rdd_id
+from tests.job_count import jobs_of
 
 ROW_SCHEMA = StructType([StructField("id", LongType()), StructField("v", StringType())])
 TOPIC = "db.public.items"
@@ -100,17 +100,6 @@ def kafka_records(spark: SparkSession) -> DataFrame:
 def expected_events() -> list[tuple[Any, ...]]:
     return sorted((e for *_, e in GOOD if e is not None), key=lambda e: (e[5], e[6]))
 
-
-def jobs_of(spark: SparkSession, call: Callable[[], Any]) -> tuple[int, Any]:
-    """(Spark jobs the call ran, its result), counted by the status tracker for a job group."""
-    context = spark.sparkContext
-    group = f"decode-{uuid.uuid4().hex}"
-    context.setLocalProperty("spark.jobGroup.id", group)
-    try:
-        result = call()
-    finally:
-        context.setLocalProperty("spark.jobGroup.id", None)  # type: ignore[arg-type]
-    return len(context.statusTracker().getJobIdsForGroup(group)), result
 
 
 def test_every_event_kind_and_every_malformed_kind_is_decoded_exactly(spark: SparkSession) -> None:

@@ -8,8 +8,7 @@ checks the table it produced, read back through delta-rs, so a cheaper run canno
 
 from __future__ import annotations
 
-import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -21,18 +20,7 @@ from pyspark.sql import DataFrame, SparkSession
 from streaming_merge import DeltaTable, MergeSink
 from streaming_merge._profile import profiling
 from streaming_merge.merge.materialize import is_stable, should_materialize
-
-
-def jobs_of(spark: SparkSession, call: Callable[[], Any]) -> tuple[int, Any]:
-    """(Spark jobs the call ran, its result)."""
-    context = spark.sparkContext
-    group = f"budget-{uuid.uuid4().hex}"
-    context.setLocalProperty("spark.jobGroup.id", group)
-    try:
-        result = call()
-    finally:
-        context.setLocalProperty("spark.jobGroup.id", None)  # type: ignore[arg-type]
-    return len(context.statusTracker().getJobIdsForGroup(group)), result
+from tests.job_count import jobs_of
 
 
 def by_id(path: str) -> dict[int, dict[str, Any]]:
