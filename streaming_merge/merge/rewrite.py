@@ -111,7 +111,7 @@ class FileLayout:
     repartition: bool
     target_file_size: int
     estimated_bytes: int  # the rewritten files' bytes plus the source's, a bound on the output
-    min_parallel_file_size: int = 8 * 1024 * 1024
+    min_parallel_file_size: int  # MergeOptions.min_parallel_file_size
 
     @property
     def files_by_size(self) -> int:

@@ -104,7 +104,8 @@ def find_touched_files(
     spark_paths = spark_file_paths(spark, snapshot.table_path, candidates)
     file_ids = F.from_json(F.lit(json.dumps({p: i for i, p in enumerate(spark_paths)})), "map<string,int>")
     src = source
-    tgt = (scan_files(spark, snapshot, candidates, with_row_id=True, schema=resolved.output_schema)
+    tgt = (scan_files(spark, snapshot, candidates, with_row_id=True, schema=resolved.output_schema,
+                      spark_paths=spark_paths)
            .withColumn(FILE_ID_COL, F.coalesce(
                F.try_element_at(file_ids, F.col(FILE_PATH_COL)),
                F.raise_error(F.concat(F.lit("MERGE scanned a file it did not select: "), F.col(FILE_PATH_COL)))))

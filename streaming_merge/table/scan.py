@@ -47,12 +47,14 @@ def scan_files(
     *,
     with_row_id: bool = False,
     schema: StructType | None = None,
+    spark_paths: Sequence[str] | None = None,
 ) -> DataFrame:
     """DataFrame of the given files with the table's columns in table order.
 
     ``schema`` may be wider than the snapshot's (schema evolution): missing columns read
     as NULL. With ``with_row_id`` two extra columns identify each row: the file path
-    (as Spark reports it) and the row's index inside that file.
+    (as Spark reports it) and the row's index inside that file. ``spark_paths``: the files'
+    :func:`spark_file_paths` when the caller already has them (two py4j calls per file).
     """
     table_schema = schema or snapshot.schema
     partition_columns = snapshot.partition_columns
@@ -72,7 +74,7 @@ def scan_files(
         *([F.col("_metadata.row_index").alias(ROW_INDEX_COL)] if with_row_id else []),
     )
     if partition_columns:
-        data = data.select("*", *_partition_value_columns(spark, snapshot, files, table_schema))
+        data = data.select("*", *_partition_value_columns(spark, snapshot, files, table_schema, spark_paths))
     ordered: list[Column] = [F.col(f"`{f.name}`") for f in table_schema.fields]
     if with_row_id:
         ordered += [F.col(FILE_PATH_COL), F.col(ROW_INDEX_COL)]
@@ -80,12 +82,13 @@ def scan_files(
 
 
 def _partition_value_columns(
-    spark: SparkSession, snapshot: Snapshot, files: Sequence[DataFile], table_schema: StructType
+    spark: SparkSession, snapshot: Snapshot, files: Sequence[DataFile], table_schema: StructType,
+    spark_paths: Sequence[str] | None,
 ) -> list[Column]:
     """Each partition column as a lookup of the row's file path in a literal map built from
     the log (Delta's string form, cast to the column type as Delta does). Spark folds the
     map into a constant, so this costs no join and no broadcast job, whatever the file count."""
-    paths = spark_file_paths(spark, snapshot.table_path, files)
+    paths = spark_paths if spark_paths is not None else spark_file_paths(spark, snapshot.table_path, files)
     columns = []
     for name in snapshot.partition_columns:
         by_path = {path: partition_value_string(f.partition_values.get(name)) for path, f in zip(paths, files,

@@ -26,9 +26,11 @@ def test_files_per_unpartitioned_write(estimated_mb: int, parallelism: int, file
 
 
 def test_partitioned_writes_are_cut_by_size_only() -> None:
-    layout = FileLayout(repartition=True, target_file_size=128 * MB, estimated_bytes=300 * MB)
+    layout = FileLayout(repartition=True, target_file_size=128 * MB, estimated_bytes=300 * MB,
+                        min_parallel_file_size=8 * MB)
     assert layout.files_by_size == 3
-    assert FileLayout(repartition=True, target_file_size=128 * MB, estimated_bytes=0).files_by_size == 1
+    assert FileLayout(repartition=True, target_file_size=128 * MB, estimated_bytes=0,
+                      min_parallel_file_size=8 * MB).files_by_size == 1
 
 
 def test_min_parallel_file_size_must_be_positive() -> None:
