@@ -52,6 +52,8 @@ class CommitRequest:
     new_schema: StructType | None = None
     # Given the files added concurrently, the ones our read predicate could have matched.
     concurrent_append_filter: Callable[[Snapshot, list[DataFile]], list[DataFile]] | None = None
+    # False for a rewrite that changes no row (compaction): streaming readers of the table skip it.
+    data_change: bool = True
 
 
 _MAX_COMMIT_RACES = 20
@@ -74,12 +76,12 @@ def commit(request: CommitRequest) -> int:
         )
     now = int(time.time() * 1000)
     actions: list[AddAction | RemoveAction] = [
-        RemoveAction(f.path, True, now, f.size,
+        RemoveAction(f.path, request.data_change, now, f.size,
                      {k: partition_value_string(v) for k, v in f.partition_values.items()})
         for f in request.removes
     ]
     actions += [
-        AddAction(w.path, w.size, w.partition_values, w.modification_time, True, w.stats)
+        AddAction(w.path, w.size, w.partition_values, w.modification_time, request.data_change, w.stats)
         for w in request.adds
     ]
     transactions = (
