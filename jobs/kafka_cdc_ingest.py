@@ -36,6 +36,7 @@ from streaming_merge.merge.materialize import (
 )
 from streaming_merge.session import local_session
 from streaming_merge.table.append import append_rows
+from streaming_merge.table.location import resolve
 from streaming_merge.table.snapshot import load_snapshot
 
 log = logging.getLogger("jobs.kafka_cdc_ingest")  # a stable name under `python -m` too
@@ -57,6 +58,8 @@ class IngestConfig:
     on_malformed: str = "dead_letter"
     source_format: str = "kafka_py"
     extra_sequence: list[str] = field(default_factory=list)
+    # delta-rs options for the tables' logs (added to those derived from Spark's Hadoop configuration)
+    storage_options: dict[str, str] = field(default_factory=dict)
 
 
 class MalformedRecordsError(StreamingMergeError):
@@ -66,8 +69,9 @@ class MalformedRecordsError(StreamingMergeError):
 def _known_row_schema(spark: SparkSession, config: IngestConfig) -> StructType | None:
     """The table's schema once it exists (it is the contract), else the given one; None when
     it must be inferred from the records (first batch of a new table without --row-schema)."""
-    if DeltaTable.isDeltaTable(spark, config.target):
-        schema = load_snapshot(config.target).schema
+    target = resolve(config.target, spark, config.storage_options)
+    if DeltaTable.isDeltaTable(spark, target):
+        schema = load_snapshot(target).schema
         return StructType([f for f in schema.fields if f.name not in debezium.METADATA_COLUMNS])
     if config.row_schema:
         return StructType.fromDDL(config.row_schema)
@@ -86,7 +90,8 @@ def batch_function(config: IngestConfig, on_progress: Callable[[dict[str, Any]],
     txn), so a rerun never applies anything twice."""
     sink = MergeSink(config.target, keys=config.keys,
                      sequence_by=[*config.extra_sequence, *debezium.SEQUENCE_COLUMNS],
-                     delete_when=debezium.DELETE_WHEN, dead_letter=config.dead_letter)
+                     delete_when=debezium.DELETE_WHEN, dead_letter=config.dead_letter,
+                     storage_options=config.storage_options)
 
     def run_once(records: DataFrame, batch_id: int, level: str) -> dict[str, Any]:
         spark = records.sparkSession
@@ -109,7 +114,8 @@ def batch_function(config: IngestConfig, on_progress: Callable[[dict[str, Any]],
                         f"Batch {batch_id}: {bad} Kafka record(s) could not be decoded, e.g. {sample}; "
                         "configure --dead-letter (on_malformed=dead_letter) to divert them.")
                 app_id = spark.sparkContext.getLocalProperty("sql.streaming.queryId") or "kafka_cdc_ingest"
-                append_rows(spark, decoded.malformed, config.dead_letter, f"{app_id}:malformed", batch_id)
+                dead_letter = resolve(config.dead_letter, spark, config.storage_options)
+                append_rows(spark, decoded.malformed, dead_letter, f"{app_id}:malformed", batch_id)
             sink(decoded.events, batch_id)
         finally:
             decoded.release()
@@ -166,7 +172,7 @@ def progress_line(progress: dict[str, Any]) -> str:
             f"{progress.get('durationMs', {}).get('total', 0)}ms")
 
 
-def parse_args(argv: list[str] | None) -> tuple[IngestConfig, str]:
+def parse_args(argv: list[str] | None) -> tuple[IngestConfig, str, dict[str, str]]:
     parser = argparse.ArgumentParser(description="Ingest Debezium CDC topics into a Delta table, exactly once.")
     parser.add_argument("--bootstrap-servers", required=True, help="Kafka bootstrap servers host:port[,...]")
     parser.add_argument("--topics", required=True, help="comma-separated topics of ONE table's change events")
@@ -186,7 +192,15 @@ def parse_args(argv: list[str] | None) -> tuple[IngestConfig, str]:
     parser.add_argument("--starting-offsets", default="earliest")
     parser.add_argument("--source-format", default="kafka_py", help="'kafka' to use Spark's JVM connector")
     parser.add_argument("--master", default="local[2]", help="Spark master (ignored under spark-submit)")
+    parser.add_argument("--spark-conf", action="append", default=[], metavar="KEY=VALUE",
+                        help="Spark setting for the job's session, e.g. spark.hadoop.fs.s3a.endpoint=http://minio:9000 "
+                        "(repeatable; under spark-submit use its own --conf)")
+    parser.add_argument("--storage-option", action="append", default=[], metavar="KEY=VALUE",
+                        help="delta-rs storage option for the tables' logs, e.g. AWS_REGION=eu-west-1 "
+                        "(repeatable; added to those derived from Spark's fs.s3a.* / fs.azure.* / fs.gs.* settings)")
     args = parser.parse_args(argv)
+    storage_options = _key_values(parser, "--storage-option", args.storage_option)
+    spark_conf = _key_values(parser, "--spark-conf", args.spark_conf)
     return IngestConfig(
         bootstrap_servers=args.bootstrap_servers, topics=args.topics, target=args.target,
         keys=[k.strip() for k in args.keys.split(",") if k.strip()], checkpoint=args.checkpoint,
@@ -194,15 +208,26 @@ def parse_args(argv: list[str] | None) -> tuple[IngestConfig, str]:
         processing_time=args.processing_time, max_offsets_per_trigger=args.max_offsets_per_trigger,
         starting_offsets=args.starting_offsets, on_malformed=args.on_malformed, source_format=args.source_format,
         extra_sequence=[s.strip() for s in args.sequence.split(",") if s.strip()],
-    ), args.master
+        storage_options=storage_options,
+    ), args.master, spark_conf
+
+
+def _key_values(parser: argparse.ArgumentParser, flag: str, items: list[str]) -> dict[str, str]:
+    pairs = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            parser.error(f"{flag} expects KEY=VALUE, got {item!r}")
+        pairs[key.strip()] = value
+    return pairs
 
 
 def main(argv: list[str] | None = None) -> int:
-    config, master = parse_args(argv)
+    config, master, spark_conf = parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("py4j").setLevel(logging.WARNING)
     logging.getLogger("kafka").setLevel(logging.WARNING)
-    spark = local_session("kafka_cdc_ingest", master)
+    spark = local_session("kafka_cdc_ingest", master, extra_conf=spark_conf)
     query = start(spark, config)
 
     def stop(signum: int, _: Any) -> None:

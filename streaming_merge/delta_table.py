@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
-import os
+from collections.abc import Mapping
 from typing import Any
 
 from pyspark.sql import Column, DataFrame, SparkSession
 
 from streaming_merge.merge.builder import DeltaMergeBuilder
+from streaming_merge.optimize.builder import DeltaOptimizeBuilder
 from streaming_merge.table.commit import history
 from streaming_merge.table.create import create_table
+from streaming_merge.table.location import TableLocation, TableRef, resolve
 from streaming_merge.table.scan import scan_files
-from streaming_merge.table.snapshot import load_snapshot, open_table, require_table
+from streaming_merge.table.snapshot import load_snapshot, open_table, require_table, table_exists
+from streaming_merge.table.vacuum import vacuum
 
 DEFAULT_TARGET_ALIAS = "target"
 
@@ -19,49 +22,71 @@ DEFAULT_TARGET_ALIAS = "target"
 class DeltaTable:
     """A Delta table at a path, read and merged with Spark; the log goes through delta-rs.
 
-    Works with any SparkSession: no Delta jar or session extension is needed.
+    Works with any SparkSession: no Delta jar or session extension is needed. ``path`` is a
+    path or URI as Spark names files (``/lake/t``, ``file:///lake/t``, ``s3a://bucket/t``,
+    ``abfss://...``); ``storage_options`` are delta-rs options for the log, added to those
+    derived from the session's Hadoop configuration.
     """
 
-    def __init__(self, spark: SparkSession, path: str, alias: str = DEFAULT_TARGET_ALIAS) -> None:
+    def __init__(self, spark: SparkSession, path: TableRef, alias: str = DEFAULT_TARGET_ALIAS,
+                 storage_options: Mapping[str, str] | None = None) -> None:
         self._spark = spark
-        self.path = os.path.abspath(path)
+        self.location: TableLocation = resolve(path, spark, storage_options)
+        self.path = self.location.uri
         self.alias_name = alias
 
     @classmethod
-    def forPath(cls, spark: SparkSession, path: str) -> DeltaTable:
+    def forPath(cls, spark: SparkSession, path: TableRef,
+                storage_options: Mapping[str, str] | None = None) -> DeltaTable:
         """The table at ``path``; raises NotADeltaTableError when there is none. Its log is
         read when it is used (a MERGE reads it once, for its snapshot)."""
-        require_table(os.path.abspath(path))
-        return cls(spark, path)
+        table = cls(spark, path, storage_options=storage_options)
+        require_table(table.location)
+        return table
 
     @classmethod
-    def createFromDataFrame(cls, df: DataFrame, path: str,
-                            partitionBy: list[str] | None = None) -> DeltaTable:
+    def createFromDataFrame(cls, df: DataFrame, path: TableRef, partitionBy: list[str] | None = None,
+                            storage_options: Mapping[str, str] | None = None) -> DeltaTable:
         """Create a new Delta table at ``path`` holding ``df``'s rows (refuses an existing one)."""
-        create_table(df.sparkSession, df, path, partitionBy)
-        return cls(df.sparkSession, path)
+        table = cls(df.sparkSession, path, storage_options=storage_options)
+        create_table(df.sparkSession, df, table.location, partitionBy)
+        return table
 
     @classmethod
-    def isDeltaTable(cls, spark: SparkSession, path: str) -> bool:
-        from streaming_merge.table.snapshot import table_exists
-
-        return table_exists(os.path.abspath(path))
+    def isDeltaTable(cls, spark: SparkSession, path: TableRef,
+                     storage_options: Mapping[str, str] | None = None) -> bool:
+        return table_exists(resolve(path, spark, storage_options))
 
     def alias(self, alias: str) -> DeltaTable:
-        return DeltaTable(self._spark, self.path, alias)
+        return DeltaTable(self._spark, self.location, alias)
 
     def toDF(self, version: int | None = None) -> DataFrame:
         """The table (at ``version``, latest by default) as a DataFrame, aliased as the table."""
-        snapshot = load_snapshot(self.path, version)
+        snapshot = load_snapshot(self.location, version)
         return scan_files(self._spark, snapshot, snapshot.files).alias(self.alias_name)
 
     def version(self) -> int:
-        return open_table(self.path).version()
+        return open_table(self.location).version()
 
     def history(self, limit: int | None = None) -> list[dict[str, Any]]:
         """Commits newest first; MERGE commits carry operationParameters and operationMetrics."""
-        return history(self.path, limit)
+        return history(self.location, limit)
 
     def merge(self, source: DataFrame, condition: str | Column) -> DeltaMergeBuilder:
         """Start a MERGE of ``source`` into this table on ``condition``."""
         return DeltaMergeBuilder(self, source, condition)  # type: ignore[arg-type]
+
+    def optimize(self) -> DeltaOptimizeBuilder:
+        """Start an OPTIMIZE: ``.where(partition predicate)`` then ``.executeCompaction()``
+        bin-packs the small files into files of about the target size (README, "Compaction and
+        vacuum")."""
+        return DeltaOptimizeBuilder(self)
+
+    def vacuum(self, retentionHours: float | None = None, *, dry_run: bool = False,
+               enforce_retention_duration: bool = True) -> list[str]:
+        """Delete the files that no version within ``retentionHours`` (default: the table's
+        ``delta.deletedFileRetentionDuration``, one week) references, orphans of failed writes
+        included; returns their paths relative to the table, sorted. A retention below the
+        table's is refused unless ``enforce_retention_duration=False``."""
+        return vacuum(self.location, retentionHours, dry_run=dry_run,
+                      enforce_retention_duration=enforce_retention_duration)

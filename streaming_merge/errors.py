@@ -17,8 +17,10 @@ __all__ = [
     "MergeError",
     "MultipleSourceRowMatchingTargetRowError",
     "NotADeltaTableError",
+    "OptimizeAnalysisError",
     "StreamingMergeError",
     "UnsupportedTableFeatureError",
+    "VacuumRetentionError",
 ]
 
 
@@ -77,3 +79,16 @@ class MaterializedSourceLostError(MergeError):
     def __init__(self, message: str, attempts: int):
         super().__init__(message)
         self.attempts = attempts
+
+
+class OptimizeAnalysisError(StreamingMergeError):
+    """Raised when an OPTIMIZE is invalid before it runs: a ``where`` predicate that
+    references a column other than the table's partition columns, or one Spark cannot
+    resolve. The table is untouched."""
+
+
+class VacuumRetentionError(StreamingMergeError):
+    """Raised when VACUUM is asked to keep less history than the table's
+    ``delta.deletedFileRetentionDuration`` (7 days by default) without
+    ``enforce_retention_duration=False``: readers and writers still working on an older
+    version could lose the files they need. Nothing was deleted."""

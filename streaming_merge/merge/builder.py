@@ -97,7 +97,7 @@ class DeltaMergeBuilder:
             raise ValueError(f"version must be >= 0, got {version}")
         spark = self.source.sparkSession
         return run_merge(spark, MergeRequest(
-            table_path=self.table.path,
+            table_path=self.table.location,
             source=self.source,
             source_alias=source_alias_of(self.source) or DEFAULT_SOURCE_ALIAS,
             target_alias=self.table.alias_name,

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
 import threading
 import time
 from collections import OrderedDict
@@ -61,6 +60,7 @@ from streaming_merge.merge.skipping import (
 )
 from streaming_merge.merge.touched import TouchedFiles, find_touched_files
 from streaming_merge.table.commit import CommitRequest, add_columns, commit
+from streaming_merge.table.location import TableLocation
 from streaming_merge.table.schema import check_partition_columns
 from streaming_merge.table.snapshot import DataFile, Snapshot, check_writable, load_snapshot
 from streaming_merge.table.write import delete_written
@@ -116,7 +116,7 @@ class MergeRequest:
     """One MERGE: ``condition_text`` is the ON condition as the user wrote it when it was SQL
     text (None for a Column), which lets a repeated MERGE reuse its resolution."""
 
-    table_path: str
+    table_path: TableLocation
     source: DataFrame
     source_alias: str
     target_alias: str
@@ -200,7 +200,7 @@ def _run_once(spark: SparkSession, request: MergeRequest, clauses: ClauseSet, at
     started = time.monotonic()
     with phase(spark, "snapshot"):
         given = request.options.snapshot
-        reuse = attempt == 1 and given is not None and given.table_path == os.path.abspath(request.table_path)
+        reuse = attempt == 1 and given is not None and given.location == request.table_path
         snapshot = given if reuse and given is not None else load_snapshot(request.table_path)
         check_writable(snapshot)
         check_partition_columns(snapshot.schema, snapshot.partition_columns)
@@ -381,7 +381,7 @@ def _merge(spark: SparkSession, request: MergeRequest, snapshot: Snapshot, resol
                 concurrent_append_filter=_append_filter(spark, skipping),
             ))
     except BaseException:
-        delete_written(snapshot.table_path, written)
+        delete_written(spark, snapshot.location, written)
         raise
     return MergeMetrics(metrics, attempts=attempt, table_version=version)
 

@@ -133,7 +133,7 @@ def _write(spark: SparkSession, snapshot: Snapshot, frame: DataFrame, resolved: 
         frame = frame.repartition(buckets, *[F.col(f"`{c}`") for c in partition_columns])
     elif not partition_columns:
         frame = frame.coalesce(layout.files(parallelism))
-    return write_files(spark, frame, snapshot.table_path, resolved.output_schema, partition_columns)
+    return write_files(spark, frame, snapshot.location, resolved.output_schema, partition_columns)
 
 
 def write_all_changes(

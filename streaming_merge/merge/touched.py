@@ -101,7 +101,7 @@ def find_touched_files(
     # Every target row crosses the shuffle with its file's identity: an int (the candidate's
     # position, looked up in a constant map) instead of the path string, which at ~100 bytes
     # a row was most of the shuffled bytes.
-    spark_paths = spark_file_paths(spark, snapshot.table_path, candidates)
+    spark_paths = spark_file_paths(spark, snapshot.location, candidates)
     file_ids = F.from_json(F.lit(json.dumps({p: i for i, p in enumerate(spark_paths)})), "map<string,int>")
     src = source
     tgt = (scan_files(spark, snapshot, candidates, with_row_id=True, schema=resolved.output_schema,

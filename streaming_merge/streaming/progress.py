@@ -41,6 +41,8 @@ class MergeProgress:
     target: str
     deadLetterRows: int = 0
     extra: Mapping[str, Any] = field(default_factory=dict)
+    # The auto compaction run after this batch's MERGE (MergeSink(auto_compact=...)), else None.
+    compaction: Mapping[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
@@ -65,8 +67,17 @@ class MergeProgress:
             f"upd={m.get('numTargetRowsUpdated', 0)} del={m.get('numTargetRowsDeleted', 0)} "
             f"late={self.numLateRowsDropped} nullkeys={self.numNullKeyRows} "
             f"files -{m.get('numTargetFilesRemoved', 0)}/+{m.get('numTargetFilesAdded', 0)} "
-            f"attempts={self.attempts} {self.durationMs.get('total', 0)}ms"
+            f"attempts={self.attempts} {self.durationMs.get('total', 0)}ms{self._compaction_summary()}"
         )
+
+    def _compaction_summary(self) -> str:
+        c = self.compaction
+        if not c:
+            return ""
+        if c.get("error"):
+            return f" compaction failed ({c['error']})"
+        return f" compacted -{c.get('numFilesRemoved', 0)}/+{c.get('numFilesAdded', 0)} files"
+
 
 
 class ProgressLog:

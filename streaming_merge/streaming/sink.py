@@ -12,9 +12,8 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import logging
-import os
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from pyspark.sql import DataFrame, Observation, SparkSession
@@ -39,9 +38,11 @@ from streaming_merge.merge.materialize import (
 from streaming_merge.merge.metrics import DELTA_METRICS, MergeMetrics
 from streaming_merge.merge.skipping import SourceStats, source_stats_of
 from streaming_merge.streaming.cdc import DELETE_FLAG, NULL_KEY_FLAG, CdcSpec, Dedupe, prepare_observed
+from streaming_merge.streaming.compaction import AutoCompact, run_auto_compaction
 from streaming_merge.streaming.progress import MergeProgress, ProgressLog
 from streaming_merge.streaming.tombstones import Tombstones
 from streaming_merge.table.append import append_rows
+from streaming_merge.table.location import TableLocation, resolve
 from streaming_merge.table.snapshot import Snapshot, load_snapshot, table_exists
 
 log = logging.getLogger(__name__)
@@ -83,13 +84,19 @@ class MergeSink:
         progress_capacity: int = 100,
         merge_options: MergeOptions | None = None,
         phase_hook: PhaseHook | None = None,
+        storage_options: Mapping[str, str] | None = None,
+        auto_compact: AutoCompact | None = None,
     ) -> None:
         key_list = _as_list(keys)
         if not key_list and condition is None:
             raise ValueError("MergeSink needs keys=[...] or condition='t.k = s.k'")
         if max_attempts < 1:
             raise ValueError(f"max_attempts must be >= 1, got {max_attempts}")
-        self.target = os.path.abspath(target)
+        if not isinstance(target, str) or not target.strip():
+            raise ValueError(f"MergeSink needs a target table path or URI, got {target!r}")
+        self.target = target  # as given until the first batch resolves it with the session's file system
+        self._storage_options = dict(storage_options or {})
+        self._location: TableLocation | None = None
         self._spec = CdcSpec(key_list, _as_list(sequence_by), delete_when, dedupe) if key_list else None
         self._condition = condition or (self._spec.key_condition() if self._spec else "")
         self._clauses = clauses
@@ -97,17 +104,16 @@ class MergeSink:
         self._schema_evolution = schema_evolution
         self._storage_levels = tuple(storage_levels)
         self._max_attempts = max_attempts
-        self._dead_letter = os.path.abspath(dead_letter) if dead_letter else None
+        self._dead_letter_ref = dead_letter
+        self._dead_letter: TableLocation | None = None
         self._create_if_missing = create_if_missing
         self._partition_by = list(partition_by or [])
         self._merge_options = merge_options or MergeOptions()
         self._phase_hook = phase_hook
+        self._auto_compact = auto_compact
         self._progress = ProgressLog(progress_capacity)
         self._tombstones: Tombstones | None = None
-        if tombstones and self._spec is not None and self._spec.sequence_by:
-            path = tombstones if isinstance(tombstones, str) else f"{self.target}_tombstones"
-            self._tombstones = Tombstones(os.path.abspath(path), self._spec, tombstone_retention,
-                                          tombstone_purge_every)
+        self._tombstone_settings = (tombstones, tombstone_retention, tombstone_purge_every)
 
     # ------------------------------------------------------------------ progress
 
@@ -125,9 +131,27 @@ class MergeSink:
 
     # ------------------------------------------------------------------ the batch
 
+    def _bind(self, spark: SparkSession) -> TableLocation:
+        """Resolve the tables' locations once, with the session's Hadoop file system (a
+        relative or scheme-less path means what it means to Spark, e.g. HDFS on a cluster)."""
+        if self._location is not None:
+            return self._location
+        location = resolve(self.target, spark, self._storage_options)
+        if self._dead_letter_ref:
+            self._dead_letter = resolve(self._dead_letter_ref, spark, self._storage_options)
+        tombstones, retention, purge_every = self._tombstone_settings
+        if tombstones and self._spec is not None and self._spec.sequence_by:
+            path = tombstones if isinstance(tombstones, str) else f"{location.uri}_tombstones"
+            self._tombstones = Tombstones(resolve(path, spark, self._storage_options), self._spec, retention,
+                                          purge_every)
+        self._location = location
+        self.target = location.uri
+        return location
+
     def __call__(self, batch_df: DataFrame, batch_id: int) -> None:
         started = time.monotonic()
         spark = batch_df.sparkSession
+        self._bind(spark)
         app_id = self._resolve_app_id(spark)
         for attempt in range(1, self._max_attempts + 1):
             level = level_for_attempt(self._storage_levels, attempt)
@@ -152,7 +176,8 @@ class MergeSink:
                    level: str, started: float) -> None:
         """One attempt: the txn check, one materialization of the prepared batch (counts and
         key ranges observed in that job), the tombstone filter, the MERGE."""
-        snapshot = load_snapshot(self.target) if table_exists(self.target) else None
+        location = self._bind(spark)
+        snapshot = load_snapshot(location) if table_exists(location) else None
         if snapshot is not None:
             applied = snapshot.transaction_version(app_id)
             if applied is not None and applied >= batch_id:
@@ -204,6 +229,8 @@ class MergeSink:
         late = stats.rows - int(metrics["numSourceRows"] or 0) if filtered is not None and not metrics["skipped"] \
             else 0
         merge_ms = int(metrics["scanTimeMs"] or 0) + int(metrics["rewriteTimeMs"] or 0)
+        compaction = (run_auto_compaction(spark, self._auto_compact, batch_id, snapshot, location)
+                      if self._auto_compact is not None and not metrics["skipped"] else None)
         self._report(MergeProgress(
             batchId=batch_id, appId=app_id, tableVersion=metrics["tableVersion"],  # type: ignore[arg-type]
             skipped=bool(metrics["skipped"]), attempts=attempt, numInputRows=num_input,
@@ -211,7 +238,7 @@ class MergeSink:
             durationMs={"materialize": materialize_ms, "tombstones": tombstones_ms,
                         "merge": merge_ms, "commit": max(0, execute_ms - merge_ms), "total": _ms(started)},
             metrics={name: int(metrics[name] or 0) for name in DELTA_METRICS},
-            timestamp=_now(), target=self.target, deadLetterRows=dead_letter_rows))
+            timestamp=_now(), target=self.target, deadLetterRows=dead_letter_rows, compaction=compaction))
 
     def _materialize(self, spark: SparkSession, batch_df: DataFrame, level: str
                      ) -> tuple[DataFrame, tuple[int, int, int], SourceStats]:
@@ -242,7 +269,7 @@ class MergeSink:
 
     def _merge(self, spark: SparkSession, source: DataFrame, app_id: str, batch_id: int,
                stats: SourceStats | None, snapshot: Snapshot | None) -> MergeMetrics:
-        builder = DeltaTable(spark, self.target, "t").merge(source.alias("s"), self._condition)
+        builder = DeltaTable(spark, self._bind(spark), "t").merge(source.alias("s"), self._condition)
         builder = self._clauses(builder) if self._clauses else self._upsert(builder)
         # The batch is materialized once, above, with its statistics; a tombstone-filtered
         # source (stats None) is materialized by the MERGE, which counts what is left.
@@ -286,12 +313,13 @@ class MergeSink:
         return count
 
     def _ensure_table(self, spark: SparkSession, source: DataFrame) -> None:
-        if table_exists(self.target):
+        location = self._bind(spark)
+        if table_exists(location):
             return
         if not self._create_if_missing:
-            DeltaTable.forPath(spark, self.target)  # raises NotADeltaTableError naming the path
+            DeltaTable.forPath(spark, location)  # raises NotADeltaTableError naming the path
         columns = [c for c in source.columns if not c.startswith("__sm_")]
-        DeltaTable.createFromDataFrame(source.select(*[f"`{c}`" for c in columns]).limit(0), self.target,
+        DeltaTable.createFromDataFrame(source.select(*[f"`{c}`" for c in columns]).limit(0), location,
                                        partitionBy=self._partition_by or None)
 
     def _report(self, progress: MergeProgress) -> None:

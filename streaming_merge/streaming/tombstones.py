@@ -22,6 +22,7 @@ from streaming_merge.delta_table import DeltaTable
 from streaming_merge.merge.skipping import ColumnScope, SkippingPlan
 from streaming_merge.streaming.cdc import DELETE_FLAG, CdcSpec
 from streaming_merge.table.append import append_rows
+from streaming_merge.table.location import TableLocation
 from streaming_merge.table.scan import scan_files
 from streaming_merge.table.snapshot import Snapshot, load_snapshot, table_exists
 
@@ -33,7 +34,7 @@ DELETED_AT = "deleted_at"
 class Tombstones:
     """The tombstone table of one target; only used with ``sequence_by``."""
 
-    def __init__(self, path: str, spec: CdcSpec, retention: dt.timedelta, purge_every: int) -> None:
+    def __init__(self, path: TableLocation, spec: CdcSpec, retention: dt.timedelta, purge_every: int) -> None:
         if not spec.sequence_by:
             raise ValueError("tombstones need sequence_by: without it there is nothing to compare a late event to")
         self.path = path

@@ -2,31 +2,30 @@
 
 from __future__ import annotations
 
-import os
-
 from pyspark.sql import DataFrame, SparkSession
 
 from streaming_merge.table.commit import CommitRequest, commit
 from streaming_merge.table.create import create_table
+from streaming_merge.table.location import TableRef, resolve
 from streaming_merge.table.snapshot import Snapshot, check_writable, load_snapshot, table_exists
 from streaming_merge.table.write import delete_written, write_files
 
 
-def append_rows(spark: SparkSession, df: DataFrame, path: str, app_id: str, version: int,
+def append_rows(spark: SparkSession, df: DataFrame, path: TableRef, app_id: str, version: int,
                 snapshot: Snapshot | None = None) -> int | None:
     """Append ``df`` to the table at ``path`` (created from ``df``'s schema if missing) unless
     txn(app_id) >= version is already recorded; returns the new version or None if skipped.
     ``snapshot``: the table as the caller already read it (saves a log load)."""
-    path = os.path.abspath(path)
+    location = resolve(path, spark)
     if snapshot is None:
-        if not table_exists(path):
-            create_table(spark, df.limit(0), path)
-        snapshot = load_snapshot(path)
+        if not table_exists(location):
+            create_table(spark, df.limit(0), location)
+        snapshot = load_snapshot(location)
     check_writable(snapshot)
     applied = snapshot.transaction_version(app_id)
     if applied is not None and applied >= version:
         return None
-    written = write_files(spark, df.select(*[f"`{f.name}`" for f in snapshot.schema.fields]), path,
+    written = write_files(spark, df.select(*[f"`{f.name}`" for f in snapshot.schema.fields]), location,
                           snapshot.schema, snapshot.partition_columns)
     try:
         return commit(CommitRequest(snapshot=snapshot, adds=written, removes=[], operation="WRITE",
@@ -35,5 +34,5 @@ def append_rows(spark: SparkSession, df: DataFrame, path: str, app_id: str, vers
                                                        "numOutputRows": sum(w.num_records for w in written)},
                                     app_id=app_id, app_version=version))
     except BaseException:
-        delete_written(path, written)
+        delete_written(spark, location, written)
         raise

@@ -25,6 +25,7 @@ from deltalake.transaction import AddAction, CommitProperties, RemoveAction, Tra
 from pyspark.sql.types import StructType
 
 from streaming_merge.errors import ConcurrentModificationError, DeltaTableError
+from streaming_merge.table.location import TableRef
 from streaming_merge.table.schema import spark_to_delta_json
 from streaming_merge.table.snapshot import DataFile, Snapshot, advance, load_snapshot, open_table
 from streaming_merge.table.write import WrittenFile, partition_value_string
@@ -68,7 +69,9 @@ def commit(request: CommitRequest) -> int:
             "delta-rs ignores a schema change inside an append commit; evolve the schema with "
             "add_columns() first and commit against the snapshot it returns."
         )
-    if request.removes and (snapshot.configuration.get("delta.appendOnly") or "").lower() == "true":
+    # dataChange=false (compaction) rewrites the same rows: Delta allows it on append-only tables.
+    if (request.removes and request.data_change
+            and (snapshot.configuration.get("delta.appendOnly") or "").lower() == "true"):
         raise DeltaTableError(
             f"This table is configured to only allow appends (`{snapshot.table_path}`, "
             f"delta.appendOnly=true); {request.operation} would remove {len(request.removes)} file(s). "
@@ -137,7 +140,7 @@ def add_columns(snapshot: Snapshot, evolved: StructType) -> Snapshot:
     """
     known = {f.name for f in snapshot.schema.fields}
     new_fields = StructType([f for f in evolved.fields if f.name not in known])
-    table = open_table(snapshot.table_path, snapshot.version)
+    table = open_table(snapshot.location, snapshot.version)
     try:
         table.alter.add_columns(
             list(RsSchema.from_json(spark_to_delta_json(new_fields)).fields),
@@ -150,7 +153,7 @@ def add_columns(snapshot: Snapshot, evolved: StructType) -> Snapshot:
             f"Adding columns {new_fields.fieldNames()} to `{snapshot.table_path}` conflicted with a "
             f"concurrent commit: {exc}"
         ) from exc
-    evolved_snapshot = load_snapshot(snapshot.table_path)
+    evolved_snapshot = load_snapshot(snapshot.location)
     if evolved_snapshot.version != snapshot.version + 1:
         raise ConcurrentModificationError(
             f"A concurrent commit to `{snapshot.table_path}` landed while this MERGE evolved its schema "
@@ -216,9 +219,16 @@ def _text(value: Any) -> str:
     return str(value)
 
 
-def history(table_path: str, limit: int | None = None) -> list[dict[str, Any]]:
+def history(table_path: TableRef, limit: int | None = None) -> list[dict[str, Any]]:
     """Commit history, newest first, with our operation name in place of delta-rs' WRITE."""
-    entries = open_table(table_path).history(limit=limit)
+    table = open_table(table_path)
+    entries = table.history(limit=limit)
+    if not entries and table.version() >= 0:
+        raise DeltaTableError(
+            f"delta-rs returned no commit history for `{table_path}` although the table is at version "
+            f"{table.version()}: delta-rs (1.x) cannot list the history of a table whose path contains `#`. "
+            "Reading and writing the table work; move it to a path without `#` to read its history."
+        )
     result = []
     for entry in entries:
         entry = dict(entry)

@@ -15,6 +15,7 @@ from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import StructType
 
+from streaming_merge.table.location import TableRef, resolve
 from streaming_merge.table.schema import data_columns
 from streaming_merge.table.snapshot import DataFile, Snapshot
 from streaming_merge.table.write import partition_value_string
@@ -24,18 +25,10 @@ PINNED_SCAN_OPTION = "streaming_merge.pinnedFiles"
 ROW_INDEX_COL = "_sm_row_index_"
 
 
-def qualified_root(spark: SparkSession, table_path: str) -> str:
-    """The table root as Hadoop qualifies it (``file:/...``), so file paths we build match
-    the ones Spark reports."""
-    jvm = spark._jvm
-    path = jvm.org.apache.hadoop.fs.Path(table_path)
-    fs = path.getFileSystem(spark._jsc.hadoopConfiguration())
-    return fs.makeQualified(path).toString()
-
-
-def spark_file_paths(spark: SparkSession, table_path: str, files: Sequence[DataFile]) -> list[str]:
-    """Each file's path exactly as Spark's ``_metadata.file_path`` reports it (URL-encoded)."""
-    root = qualified_root(spark, table_path)
+def spark_file_paths(spark: SparkSession, table_path: TableRef, files: Sequence[DataFile]) -> list[str]:
+    """Each file's path exactly as Spark's ``_metadata.file_path`` reports it (URL-encoded):
+    the table root as Hadoop qualifies it (``file:/...``) plus the file's relative path."""
+    root = resolve(table_path, spark).uri
     spark_path = spark._jvm.org.apache.spark.paths.SparkPath
     return [spark_path.fromPathString(f"{root}/{f.path}").urlEncoded() for f in files]
 
@@ -88,7 +81,7 @@ def _partition_value_columns(
     """Each partition column as a lookup of the row's file path in a literal map built from
     the log (Delta's string form, cast to the column type as Delta does). Spark folds the
     map into a constant, so this costs no join and no broadcast job, whatever the file count."""
-    paths = spark_paths if spark_paths is not None else spark_file_paths(spark, snapshot.table_path, files)
+    paths = spark_paths if spark_paths is not None else spark_file_paths(spark, snapshot.location, files)
     columns = []
     for name in snapshot.partition_columns:
         by_path = {path: partition_value_string(f.partition_values.get(name)) for path, f in zip(paths, files,

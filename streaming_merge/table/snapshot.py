@@ -6,7 +6,6 @@ reads the same version, as Delta's OptimisticTransaction does.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -19,6 +18,7 @@ from pyspark.sql.types import ArrayType, DataType, MapType, StructType
 
 from streaming_merge._profile import count_log_load
 from streaming_merge.errors import DeltaTableError, NotADeltaTableError, UnsupportedTableFeatureError
+from streaming_merge.table.location import TableLocation, TableRef, resolve
 from streaming_merge.table.schema import delta_json_to_spark
 
 # Protocol features whose presence we can honour: they change nothing we write.
@@ -48,7 +48,7 @@ class Snapshot:
     which is asked before the handle moves.
     """
 
-    table_path: str
+    location: TableLocation
     version: int
     schema: StructType
     partition_columns: list[str]
@@ -61,6 +61,11 @@ class Snapshot:
     _state: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
     @property
+    def table_path(self) -> str:
+        """The table root as Spark names it (Hadoop-qualified)."""
+        return self.location.uri
+
+    @property
     def num_bytes(self) -> int:
         return sum(f.size for f in self.files)
 
@@ -68,33 +73,36 @@ class Snapshot:
         """Latest ``txn`` version recorded for ``app_id`` at this snapshot."""
         key = f"txn:{app_id}"
         if key not in self._state:
-            table = open_table(self.table_path, self.version) if self._state.get("moved") else self._table
+            table = open_table(self.location, self.version) if self._state.get("moved") else self._table
             self._state[key] = table.transaction_version(app_id)
         return self._state[key]
 
     def absolute_path(self, relative: str) -> str:
-        return os.path.join(self.table_path, relative)
+        return self.location.join(relative)
 
 
-def require_table(path: str) -> None:
+def require_table(path: TableRef) -> None:
     """Raise ``NotADeltaTableError`` naming ``path`` when no Delta log is there, without
     loading the log (the MERGE loads it once, when it takes its snapshot)."""
     if not table_exists(path):
         raise NotADeltaTableError(f"`{path}` is not a Delta table: no transaction log was found there.")
 
 
-def table_exists(path: str) -> bool:
-    return os.path.isdir(os.path.join(path, "_delta_log")) and any(
-        name.endswith(".json") or name.endswith(".parquet")
-        for name in os.listdir(os.path.join(path, "_delta_log"))
-    )
+def table_exists(path: TableRef) -> bool:
+    """Whether a Delta log with a commit is at ``path`` (a listing of the log folder, no load)."""
+    location = resolve(path)
+    try:
+        return bool(_RsTable.is_deltatable(location.log_uri, storage_options=location.options))
+    except Exception as exc:
+        raise DeltaTableError(f"Cannot check for a Delta table at `{location}`: {exc}") from exc
 
 
-def open_table(path: str, version: int | None = None) -> _RsTable:
+def open_table(path: TableRef, version: int | None = None) -> _RsTable:
     """delta-rs handle on ``path``; raises ``NotADeltaTableError`` with the path when absent."""
     count_log_load()
+    path = resolve(path)
     try:
-        return _RsTable(path, version=version)
+        return _RsTable(path.log_uri, version=version, storage_options=path.options)
     except TableNotFoundError as exc:
         raise NotADeltaTableError(
             f"`{path}` is not a Delta table: no transaction log was found there."
@@ -108,10 +116,10 @@ def open_table(path: str, version: int | None = None) -> _RsTable:
         raise DeltaTableError(f"Cannot read the Delta log of `{path}` (version {version}): {exc}") from exc
 
 
-def load_snapshot(path: str, version: int | None = None) -> Snapshot:
+def load_snapshot(path: TableRef, version: int | None = None) -> Snapshot:
     """Snapshot of the table at ``version`` (latest when None)."""
-    path = os.path.abspath(path)
-    return _snapshot_of(path, open_table(path, version))
+    location = resolve(path)
+    return _snapshot_of(location, open_table(location, version))
 
 
 def advance(snapshot: Snapshot) -> Snapshot:
@@ -127,17 +135,17 @@ def advance(snapshot: Snapshot) -> Snapshot:
     if table.version() == snapshot.version:
         snapshot._state.pop("moved")
         return snapshot
-    return _snapshot_of(snapshot.table_path, table)
+    return _snapshot_of(snapshot.location, table)
 
 
-def _snapshot_of(path: str, table: _RsTable) -> Snapshot:
+def _snapshot_of(location: TableLocation, table: _RsTable) -> Snapshot:
     metadata = table.metadata()
     schema = delta_json_to_spark(table.schema().to_json())
     partition_columns = list(metadata.partition_columns)
     stats = pa.table(table.get_add_actions(flatten=True))
     files = _data_files(stats, partition_columns)
     return Snapshot(
-        table_path=path,
+        location=location,
         version=table.version(),
         schema=schema,
         partition_columns=partition_columns,

@@ -1,9 +1,13 @@
 """Write a Spark DataFrame as Parquet files of a Delta table, with per-file stats.
 
-Spark writes into a private staging folder inside the table (so concurrent writers
-never share an output committer's temporary folder); the finished files are then
-moved to their final place and their footers are read with pyarrow to build the
-``add`` actions' statistics. Nothing is visible to readers until the commit.
+Each write gets a folder of its own inside the table (``sm-write-<uuid>/``, then Spark's
+partition folders), so concurrent writers never share an output committer's temporary
+folder, and its files are committed where they were written: no move (a copy on object
+stores). Their footers are read through Spark's Hadoop FileSystem to build the ``add``
+actions' statistics. Nothing is visible to readers until the commit; a failed write deletes
+its folder, and what a killed process leaves behind is never referenced by the log, so
+``DeltaTable.vacuum()`` removes it (the folder name does not start with ``_`` or ``.``,
+which vacuum would skip).
 """
 
 from __future__ import annotations
@@ -13,7 +17,6 @@ import datetime as dt
 import decimal
 import json
 import logging
-import os
 import re
 import time
 import uuid
@@ -21,7 +24,6 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
@@ -41,10 +43,13 @@ from pyspark.sql.types import (
 )
 
 from streaming_merge.errors import DeltaTableError
+from streaming_merge.table.files import HadoopFiles
+from streaming_merge.table.location import TableRef, resolve
 
 log = logging.getLogger(__name__)
 
 HIVE_NULL = "__HIVE_DEFAULT_PARTITION__"
+WRITE_FOLDER_PREFIX = "sm-write-"
 NOT_NULL_VIOLATION = "NOT NULL constraint violated for column:"  # Delta's text
 STRING_STATS_PREFIX = 32  # as Delta: longer strings get no min/max rather than truncated ones
 _STATS_TYPES = (BooleanType, ByteType, ShortType, IntegerType, LongType, DateType, StringType,
@@ -54,7 +59,7 @@ _STATS_TYPES = (BooleanType, ByteType, ShortType, IntegerType, LongType, DateTyp
 # Passed to the Hadoop job of each write only (not the session): no _SUCCESS marker, and the
 # v2 commit algorithm (tasks move their files into the output folder as they finish, the job
 # commit has nothing left to rename): ~40-100 ms less per write here. Its weakness, partial
-# output after a failed job, cannot hurt: the output is our private staging folder, deleted on
+# output after a failed job, cannot hurt: the output is this write's own folder, deleted on
 # failure, and nothing is visible before the Delta commit.
 _COMMITTER_OPTIONS = {
     "mapreduce.fileoutputcommitter.marksuccessfuljobs": "false",
@@ -100,27 +105,28 @@ def _parquet_write_conf(spark: SparkSession) -> Iterator[None]:
 def write_files(
     spark: SparkSession,
     df: DataFrame,
-    table_path: str,
+    table_path: TableRef,
     schema: StructType,
     partition_columns: list[str],
 ) -> list[WrittenFile]:
-    """Write ``df`` (already in ``schema``'s column order) into the table folder.
+    """Write ``df`` (already in ``schema``'s column order) into a new folder of the table.
 
     Returns the written files with their stats; empty files are deleted, not returned.
     On failure every file of this write is removed again.
     """
-    staging_name = f".sm-staging-{uuid.uuid4().hex}"
-    staging = os.path.join(table_path, staging_name)
-    filesystem, root = pafs.FileSystem.from_uri(os.path.abspath(table_path))
-    moved: list[str] = []
+    location = resolve(table_path, spark)
+    folder_name = f"{WRITE_FOLDER_PREFIX}{uuid.uuid4().hex}"
+    folder = location.join(folder_name)
+    files = HadoopFiles(spark, location.uri)
     try:
-        with _parquet_write_conf(spark):
+        with _parquet_write_conf(spark), _job_group(spark) as group:
             writer = _enforce_not_null(df, schema).write.mode("errorifexists").options(**_COMMITTER_OPTIONS)
             if partition_columns:
                 writer = writer.partitionBy(*partition_columns)
             try:
-                writer.parquet(staging)
+                writer.parquet(folder)
             except Exception as exc:
+                _await_failed_tasks(spark, group)
                 if NOT_NULL_VIOLATION not in str(exc):
                     raise
                 found = re.search(re.escape(NOT_NULL_VIOLATION) + r" (.+?)\.(?:\s|$)", str(exc))
@@ -130,41 +136,76 @@ def write_files(
                     "written has a NULL there; nothing was written."
                 ) from exc
         written = []
-        selector = pafs.FileSelector(os.path.join(root, staging_name), recursive=True)
-        for info in filesystem.get_file_info(selector):
-            if info.type != pafs.FileType.File or not info.base_name.endswith(".parquet"):
+        prefix = f"{location.uri}/"
+        for status in files.list_files(folder):
+            name = status.path.rsplit("/", 1)[-1]
+            if not name.endswith(".parquet") or name.startswith((".", "_")):
                 continue
-            relative_dir = os.path.relpath(os.path.dirname(info.path), os.path.join(root, staging_name))
-            relative_dir = "" if relative_dir == "." else relative_dir
-            final_rel = os.path.join(relative_dir, info.base_name)
-            final_abs = os.path.join(root, final_rel)
-            filesystem.create_dir(os.path.dirname(final_abs), recursive=True)
-            filesystem.move(info.path, final_abs)
-            moved.append(final_abs)
-            metadata = pq.read_metadata(final_abs, filesystem=filesystem)
+            if not status.path.startswith(prefix):
+                raise DeltaTableError(f"Spark wrote `{status.path}` outside the table `{location}`")
+            relative = status.path[len(prefix):]
+            metadata = files.read_footer(status.path, status.size)
             if metadata.num_rows == 0:
-                filesystem.delete_file(final_abs)
-                moved.remove(final_abs)
+                files.delete(status.path)
                 continue
+            partition_dirs = relative.split("/")[1:-1]  # between the write folder and the file name
             written.append(
                 WrittenFile(
-                    path=final_rel,
-                    size=filesystem.get_file_info(final_abs).size,
-                    partition_values=_partition_values(spark, relative_dir, partition_columns),
+                    path=relative,
+                    size=status.size,
+                    partition_values=_partition_values(spark, partition_dirs, partition_columns),
                     num_records=metadata.num_rows,
                     stats=footer_stats(metadata, schema, partition_columns),
-                    modification_time=int(time.time() * 1000),
+                    modification_time=status.modification_time,
                 )
             )
         return written
     except BaseException:
-        for path in moved:
-            with contextlib.suppress(OSError):
-                filesystem.delete_file(path)
+        with contextlib.suppress(Exception):
+            files.delete(folder, recursive=True)
         raise
+
+
+_JOB_GROUP = "spark.jobGroup.id"
+_WIND_DOWN_SECONDS = 30.0
+
+
+@contextlib.contextmanager
+def _job_group(spark: SparkSession) -> Iterator[str]:
+    """The job group the write's job runs in: the caller's when one is set (a profile's or
+    the user's, left untouched), else a fresh one, removed afterwards."""
+    context = spark.sparkContext
+    current = context.getLocalProperty(_JOB_GROUP)
+    if current:
+        yield current
+        return
+    group = f"streaming_merge-write-{uuid.uuid4().hex}"
+    context.setLocalProperty(_JOB_GROUP, group)
+    try:
+        yield group
     finally:
-        with contextlib.suppress(OSError):
-            filesystem.delete_dir(os.path.join(root, staging_name))
+        context.setLocalProperty(_JOB_GROUP, None)  # type: ignore[arg-type]
+
+
+def _await_failed_tasks(spark: SparkSession, group: str) -> None:
+    """Wait (bounded) until no task of the group's failed jobs is still running.
+
+    When one task of a write fails, Spark fails the job at once but lets the stage's other
+    running tasks finish; one of them may still commit its file into the write folder after
+    the driver has deleted it. Waiting for them first makes the cleanup complete; past the
+    bound, a straggler's file is an orphan no commit references, which vacuum removes."""
+    tracker = spark.sparkContext.statusTracker()
+    deadline = time.monotonic() + _WIND_DOWN_SECONDS
+    stages = [stage for job in tracker.getJobIdsForGroup(group)
+              if (info := tracker.getJobInfo(job)) is not None and info.status == "FAILED"
+              for stage in info.stageIds]
+    while time.monotonic() < deadline:
+        running = sum(info.numActiveTasks for stage in stages if (info := tracker.getStageInfo(stage)) is not None)
+        if running == 0:
+            return
+        time.sleep(0.05)
+    log.warning("Tasks of a failed write were still running after %.0f s; their files, if any, stay "
+                "uncommitted until vacuum removes them", _WIND_DOWN_SECONDS)
 
 
 def _enforce_not_null(df: DataFrame, schema: StructType) -> DataFrame:
@@ -205,29 +246,36 @@ def _not_null_violations(
     return violations
 
 
-def delete_written(table_path: str, files: list[WrittenFile]) -> None:
-    """Remove files of a write whose commit failed, so nothing uncommitted lingers."""
-    filesystem, root = pafs.FileSystem.from_uri(os.path.abspath(table_path))
+def delete_written(spark: SparkSession, table_path: TableRef, files: list[WrittenFile]) -> None:
+    """Remove the files of a write whose commit failed (and their write folders, which hold
+    nothing else), so nothing uncommitted lingers."""
+    location = resolve(table_path, spark)
+    hadoop = HadoopFiles(spark, location.uri)
+    for folder in sorted({w.path.split("/", 1)[0] for w in files}):
+        if folder.startswith(WRITE_FOLDER_PREFIX):
+            with contextlib.suppress(Exception):
+                hadoop.delete(location.join(folder), recursive=True)
     for written in files:
-        with contextlib.suppress(OSError):
-            filesystem.delete_file(os.path.join(root, written.path))
+        if not written.path.startswith(WRITE_FOLDER_PREFIX):
+            with contextlib.suppress(Exception):
+                hadoop.delete(location.join(written.path))
 
 
 def _partition_values(
-    spark: SparkSession, relative_dir: str, partition_columns: list[str]
+    spark: SparkSession, partition_dirs: list[str], partition_columns: list[str]
 ) -> dict[str, str | None]:
-    """Partition values of a Hive-style directory, unescaped with Spark's own rules."""
+    """Partition values of Hive-style directory names, unescaped with Spark's own rules."""
     if not partition_columns:
         return {}
     unescape = spark._jvm.org.apache.spark.sql.catalyst.catalog.ExternalCatalogUtils.unescapePathName
     values: dict[str, str | None] = {}
-    for segment in relative_dir.split(os.sep):
+    for segment in partition_dirs:
         name, _, raw = segment.partition("=")
         key = unescape(name)
         values[key] = None if raw == HIVE_NULL else unescape(raw)
     missing = [c for c in partition_columns if c not in values]
     if missing:
-        raise RuntimeError(f"Spark wrote `{relative_dir}` without partition columns {missing}")
+        raise RuntimeError(f"Spark wrote `{'/'.join(partition_dirs)}` without partition columns {missing}")
     return {c: values[c] for c in partition_columns}
 
 

@@ -1,0 +1,1 @@
+"""Compaction of small files (OPTIMIZE) and its opt-in use after streaming MERGE batches."""

@@ -1,0 +1,77 @@
+"""Data-file IO on Spark's Hadoop FileSystem: list, delete, read Parquet footers.
+
+Whatever file system connector and credentials the cluster's Spark has (s3a, abfss, gs,
+hdfs, local) serve the table's data files here too; nothing in the table layer touches a
+table path through the local file system. Only metadata crosses to the driver: a listing
+and each written file's footer bytes (its tail), never the rows.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+from pyspark.sql import SparkSession
+
+_PARQUET_MAGIC = b"PAR1"
+_TAIL_GUESS = 64 * 1024  # one read fetches the footer of any file a MERGE writes
+
+
+@dataclass(frozen=True)
+class FileStatus:
+    path: str  # Hadoop path string (not URL-encoded)
+    size: int
+    modification_time: int  # ms since the epoch, as the file system reports it
+
+
+class HadoopFiles:
+    """The session's Hadoop FileSystem for one root (a table or a folder in it)."""
+
+    def __init__(self, spark: SparkSession, root: str) -> None:
+        jvm = spark._jvm
+        self._jvm = jvm
+        self._root = jvm.org.apache.hadoop.fs.Path(root)
+        self._fs = self._root.getFileSystem(spark._jsc.hadoopConfiguration())
+
+    def _path(self, path: str) -> Any:
+        return self._jvm.org.apache.hadoop.fs.Path(path)
+
+    def list_files(self, folder: str) -> list[FileStatus]:
+        """Every file under ``folder`` (recursively); empty when it does not exist."""
+        target = self._path(folder)
+        if not self._fs.exists(target):
+            return []
+        found = []
+        iterator = self._fs.listFiles(target, True)
+        while iterator.hasNext():
+            status = iterator.next()
+            found.append(FileStatus(status.getPath().toString(), status.getLen(), status.getModificationTime()))
+        return found
+
+    def delete(self, path: str, recursive: bool = False) -> bool:
+        return bool(self._fs.delete(self._path(path), recursive))
+
+    def exists(self, path: str) -> bool:
+        return bool(self._fs.exists(self._path(path)))
+
+    def read_footer(self, path: str, size: int) -> pq.FileMetaData:
+        """The Parquet footer of ``path`` (``size`` bytes long), read as one tail read.
+
+        pyarrow parses a footer from a buffer that ends like the file does; the data pages
+        are never fetched."""
+        stream = self._fs.open(self._path(path))
+        try:
+            start = max(0, size - _TAIL_GUESS)
+            stream.seek(start)
+            tail = bytes(stream.readNBytes(size - start))
+            footer_length = int.from_bytes(tail[-8:-4], "little")
+            if tail[-4:] != _PARQUET_MAGIC:
+                raise ValueError(f"`{path}` is not a Parquet file (no PAR1 magic at its end)")
+            if footer_length + 8 > len(tail):  # a huge footer: read exactly what is missing
+                stream.seek(size - footer_length - 8)
+                tail = bytes(stream.readNBytes(footer_length + 8))
+        finally:
+            stream.close()
+        return pq.read_metadata(pa.BufferReader(_PARQUET_MAGIC + tail[-(footer_length + 8):]))
