@@ -159,6 +159,8 @@ def write_files(
                     modification_time=status.modification_time,
                 )
             )
+        if not written:  # e.g. the empty file Spark writes for an empty DataFrame: no folder either
+            files.delete(folder, recursive=True)
         return written
     except BaseException:
         with contextlib.suppress(Exception):

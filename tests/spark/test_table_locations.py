@@ -114,3 +114,11 @@ def test_a_folder_name_delta_rs_would_misread_is_refused(spark: SparkSession, tm
     with pytest.raises(ValueError, match=r"`%20`.*delta-rs"):
         DeltaTable.createFromDataFrame(spark.range(1), str(tmp_path / "a%20b"))
     assert not (tmp_path / "a%20b").exists()
+
+
+def test_an_empty_write_leaves_no_folder_behind(spark: SparkSession, tmp_path: Path) -> None:
+    """Spark writes one empty file for an empty DataFrame; it is not committed, and neither it
+    nor its write folder stays in the table."""
+    DeltaTable.createFromDataFrame(spark.range(0), str(tmp_path / "empty"))
+    assert sorted(os.listdir(tmp_path / "empty")) == ["_delta_log"]
+    assert deltalake.DeltaTable(str(tmp_path / "empty")).to_pyarrow_table().num_rows == 0
