@@ -16,6 +16,9 @@ driver and the JVM, like a machine dying) at that point of that batch:
 - ``after_commit``: the MERGE is committed (``on_progress``), Spark's offset commit is
   not done yet, so the restart replays the batch.
 
+``--master`` (default ``local[2]``) runs it on another master, e.g. ``local-cluster[2,1,1024]``
+for tests/cluster/, and ``--report`` receives the executors the driver saw, as JSON, at the end.
+
 The dead-letter hook wraps the job module's ``append_rows`` name, which the batch
 function looks up at call time; nothing in ``jobs/`` is changed.
 """
@@ -32,6 +35,7 @@ from typing import Any
 
 import jobs.kafka_cdc_ingest as job
 from streaming_merge.session import local_session
+from tests.streaming_support.cluster import cluster_report, write_json
 
 
 def _append_line(path: str, record: dict[str, Any]) -> None:
@@ -52,6 +56,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-offsets-per-trigger", type=int, required=True)
     parser.add_argument("--progress", required=True)
     parser.add_argument("--kill-at", default=None, help="PHASE:BATCH, PHASE in after_dead_letter, after_commit")
+    parser.add_argument("--master", default="local[2]")
+    parser.add_argument("--report", default=None, help="JSON file: the cluster's executors at the end")
     args = parser.parse_args(argv)
     kill_phase, kill_batch = args.kill_at.split(":") if args.kill_at else (None, "-1")
     logging.basicConfig(level=logging.WARNING)
@@ -77,7 +83,7 @@ def main(argv: list[str] | None = None) -> int:
         _append_line(args.progress, {"event": "merge", **progress})
         die_if("after_commit", int(progress["batchId"]))
 
-    spark = local_session("kafka-ingest-app", "local[2]", shuffle_partitions=2)
+    spark = local_session("kafka-ingest-app", args.master, shuffle_partitions=2)
     config = job.IngestConfig(
         bootstrap_servers=args.bootstrap_servers, topics=args.topic, target=args.target,
         keys=[k for k in args.keys.split(",") if k], checkpoint=args.checkpoint, dead_letter=args.dead_letter,
@@ -85,6 +91,8 @@ def main(argv: list[str] | None = None) -> int:
         starting_offsets="earliest")
     query = job.start(spark, config, on_progress=on_progress)
     query.awaitTermination()
+    if args.report:
+        write_json(args.report, cluster_report(spark))
     spark.stop()
     return 0
 
