@@ -28,7 +28,9 @@ from streaming_merge.merge.materialize import (
     is_lost_block_error,
     is_stable,
     level_for_attempt,
+    lost_rdd_ids,
     materialize,
+    next_rdd_id,
     release,
     should_materialize,
 )
@@ -167,11 +169,20 @@ def run_merge(spark: SparkSession, request: MergeRequest) -> MergeMetrics:
     with merge_conf(spark):
         for attempt in range(1, options.max_attempts + 1):
             level = level_for_attempt(options.storage_levels, attempt)
+            own_rdds_from = next_rdd_id(spark)
             try:
                 return _run_once(spark, request, clauses, attempt, level, materializing)
             except Exception as exc:
                 if not is_lost_block_error(exc):
                     raise _translate(exc) from exc
+                lost = lost_rdd_ids(exc)
+                if lost and max(lost) < own_rdds_from:
+                    # The blocks were the caller's (e.g. MergeSink's materialized batch), not a copy this
+                    # MERGE made: rerunning it would fail the same way. The caller reruns from its source.
+                    log.warning("MERGE into %s: its source's checkpoint blocks (RDDs %s) were lost before this "
+                                "MERGE copied them; leaving the rerun to the caller", request.table_path,
+                                sorted(lost))
+                    raise
                 if attempt == options.max_attempts:
                     raise MaterializedSourceLostError(
                         f"The materialized MERGE source into `{request.table_path}` lost its blocks on all "

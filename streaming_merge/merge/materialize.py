@@ -10,11 +10,12 @@ source at a more replicated storage level, as Delta's MergeIntoMaterializeSource
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Sequence
 from typing import Any, Literal
 
 from pyspark import StorageLevel
-from pyspark.sql import Column, DataFrame, Observation
+from pyspark.sql import Column, DataFrame, Observation, SparkSession
 
 from streaming_merge.table.scan import PINNED_SCAN_OPTION
 
@@ -109,6 +110,27 @@ def release(materialized: DataFrame) -> None:
         materialized.sparkSession.sparkContext._jsc.sc().unpersistRDD(checkpoint_rdd_id(materialized), False)
     except Exception as exc:  # best effort: the blocks may already be gone
         log.debug("Could not unpersist materialized source: %s", exc)
+
+
+_LOST_RDD = re.compile(r"rdd_(\d+)_\d+")
+
+
+def next_rdd_id(spark: SparkSession) -> int:
+    """An RDD id no RDD created before this call has: ids grow within a SparkContext, so an
+    RDD with a smaller id predates the call (one JVM call; the id itself is never used)."""
+    return int(spark.sparkContext._jsc.sc().newRddId())
+
+
+def lost_rdd_ids(exc: BaseException) -> set[int]:
+    """The RDDs whose checkpoint blocks ``exc`` (or its cause chain) reports lost."""
+    found: set[int] = set()
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        found |= {int(m) for m in _LOST_RDD.findall(str(current))}
+        current = current.__cause__ or current.__context__
+    return found
 
 
 def is_lost_block_error(exc: BaseException) -> bool:

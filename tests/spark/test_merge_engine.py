@@ -25,7 +25,7 @@ from streaming_merge.errors import (
     NotADeltaTableError,
     UnsupportedTableFeatureError,
 )
-from streaming_merge.merge.materialize import checkpoint_rdd_id
+from streaming_merge.merge.materialize import checkpoint_rdd_id, is_lost_block_error
 
 
 def rows(path: str) -> list[dict[str, Any]]:
@@ -346,6 +346,26 @@ def test_blocks_lost_on_every_attempt_raise(spark: SparkSession, people: DeltaTa
         (_upsert(people, source(spark, [(1, "ann", 100, "eu")]))
          .withOptions(materialize_source="all", max_attempts=3, phase_hook=always_lose).execute())
     assert info.value.attempts == 3
+    assert version(people.path) == 0 and rows(people.path)[0]["score"] == 10
+
+
+def test_blocks_lost_from_the_callers_copy_are_left_to_the_caller(spark: SparkSession, people: DeltaTable) -> None:
+    """A source the caller materialized (as MergeSink does, with materialize_source='none') that
+    loses blocks cannot be healed by rerunning the MERGE, which would read the same lost copy:
+    the lost-block error goes straight to the caller, after one attempt, with nothing written."""
+    callers_copy = source(spark, [(1, "ann", 100, "eu")]).localCheckpoint(eager=True)
+    phases: list[str] = []
+
+    def lose_callers_blocks(phase: str, _: DataFrame) -> None:
+        phases.append(phase)
+        if phase == "after_find_touched_files":
+            _drop_blocks(spark, callers_copy)
+
+    with pytest.raises(Exception) as info:
+        (_upsert(people, callers_copy.alias("s"))
+         .withOptions(materialize_source="none", max_attempts=3, phase_hook=lose_callers_blocks).execute())
+    assert is_lost_block_error(info.value) and not isinstance(info.value, MaterializedSourceLostError)
+    assert phases.count("after_find_touched_files") == 1
     assert version(people.path) == 0 and rows(people.path)[0]["score"] == 10
 
 
