@@ -77,6 +77,51 @@ class CdcSpec:
         return F.struct(*[F.col(f"`{c}`") for c in self.sequence_by])
 
 
+@dataclass(frozen=True)
+class ColumnSelection:
+    """Which source columns reach the table (AUTO CDC's ``column_list`` /
+    ``except_column_list``). The keys and the ``sequence_by`` columns always do: the MERGE
+    matches on the keys and its out-of-order guard compares the table's sequence."""
+
+    include: Sequence[str] | None = None
+    exclude: Sequence[str] | None = None
+    required: Sequence[str] = ()
+
+    def __post_init__(self) -> None:
+        if self.include is not None and self.exclude is not None:
+            raise ValueError("Pass column_list or except_column_list, not both.")
+        for name, value in (("column_list", self.include), ("except_column_list", self.exclude)):
+            if value is not None and (isinstance(value, str) or not all(isinstance(c, str) for c in value)):
+                raise ValueError(f"{name} must be a list of column names, got {value!r}")
+        dropped_required = sorted({c.lower() for c in self.exclude or ()} & {c.lower() for c in self.required})
+        if dropped_required:
+            raise ValueError(
+                f"except_column_list names {dropped_required}, which the sink needs in the table: keys and "
+                "sequence_by columns are always kept (the MERGE matches on the keys and guards on the sequence)."
+            )
+
+    @property
+    def active(self) -> bool:
+        return self.include is not None or self.exclude is not None
+
+    def columns(self, available: Sequence[str]) -> list[str]:
+        """The batch's columns to keep, in batch order (internal ``__sm_`` columns included)."""
+        named = list(self.include if self.include is not None else self.exclude or ())
+        known = {c.lower() for c in available}
+        unknown = [c for c in named if c.lower() not in known]
+        if unknown:
+            option = "column_list" if self.include is not None else "except_column_list"
+            raise MergeAnalysisError(
+                f"{option} names column(s) {unknown} that the micro-batch does not have; its columns are "
+                f"{[c for c in available if not c.startswith('__sm_')]}."
+            )
+        if self.include is not None:
+            wanted = {c.lower() for c in [*self.include, *self.required]}
+            return [c for c in available if c.lower() in wanted or c.startswith("__sm_")]
+        dropped = {c.lower() for c in self.exclude or ()}
+        return [c for c in available if c.lower() not in dropped]
+
+
 def null_key_filter(spec: CdcSpec) -> Column:
     """True for rows that cannot be applied because a key column is NULL."""
     condition = F.lit(False)

@@ -37,7 +37,14 @@ from streaming_merge.merge.materialize import (
 )
 from streaming_merge.merge.metrics import DELTA_METRICS, MergeMetrics
 from streaming_merge.merge.skipping import SourceStats, source_stats_of
-from streaming_merge.streaming.cdc import DELETE_FLAG, NULL_KEY_FLAG, CdcSpec, Dedupe, prepare_observed
+from streaming_merge.streaming.cdc import (
+    DELETE_FLAG,
+    NULL_KEY_FLAG,
+    CdcSpec,
+    ColumnSelection,
+    Dedupe,
+    prepare_observed,
+)
 from streaming_merge.streaming.compaction import AutoCompact, run_auto_compaction
 from streaming_merge.streaming.progress import MergeProgress, ProgressLog
 from streaming_merge.streaming.tombstones import Tombstones
@@ -86,6 +93,8 @@ class MergeSink:
         phase_hook: PhaseHook | None = None,
         storage_options: Mapping[str, str] | None = None,
         auto_compact: AutoCompact | None = None,
+        column_list: Sequence[str] | None = None,
+        except_column_list: Sequence[str] | None = None,
     ) -> None:
         key_list = _as_list(keys)
         if not key_list and condition is None:
@@ -99,6 +108,9 @@ class MergeSink:
         self._location: TableLocation | None = None
         self._spec = CdcSpec(key_list, _as_list(sequence_by), delete_when, dedupe) if key_list else None
         self._condition = condition or (self._spec.key_condition() if self._spec else "")
+        self._selection = ColumnSelection(
+            column_list, except_column_list,
+            [*self._spec.keys, *self._spec.sequence_by] if self._spec else [])
         self._clauses = clauses
         self._app_id = app_id
         self._schema_evolution = schema_evolution
@@ -209,6 +221,8 @@ class MergeSink:
                     self._phase_hook("after_prepare", source)
             else:
                 dead_letter_rows = 0
+            if self._selection.active:  # after the dead letter, which keeps whole records
+                source = source.select(*[F.col(f"`{c}`") for c in self._selection.columns(source.columns)])
             tombstones_started = time.monotonic()
             merge_stats: SourceStats | None = stats
             filtered = None
