@@ -60,6 +60,9 @@ class IngestConfig:
     extra_sequence: list[str] = field(default_factory=list)
     # delta-rs options for the tables' logs (added to those derived from Spark's Hadoop configuration)
     storage_options: dict[str, str] = field(default_factory=dict)
+    ignore_null_updates: bool = False
+    # Debezium's stand-in for an unchanged TOASTed value (Postgres); never written over real data
+    unavailable_value: str | None = debezium.UNAVAILABLE_VALUE
 
 
 class MalformedRecordsError(StreamingMergeError):
@@ -91,7 +94,8 @@ def batch_function(config: IngestConfig, on_progress: Callable[[dict[str, Any]],
     sink = MergeSink(config.target, keys=config.keys,
                      sequence_by=[*config.extra_sequence, *debezium.SEQUENCE_COLUMNS],
                      delete_when=debezium.DELETE_WHEN, dead_letter=config.dead_letter,
-                     storage_options=config.storage_options)
+                     storage_options=config.storage_options, ignore_null_updates=config.ignore_null_updates,
+                     unavailable_value=config.unavailable_value)
 
     def run_once(records: DataFrame, batch_id: int, level: str) -> dict[str, Any]:
         spark = records.sparkSession
@@ -192,6 +196,11 @@ def parse_args(argv: list[str] | None) -> tuple[IngestConfig, str, dict[str, str
     parser.add_argument("--starting-offsets", default="earliest")
     parser.add_argument("--source-format", default="kafka_py", help="'kafka' to use Spark's JVM connector")
     parser.add_argument("--master", default="local[2]", help="Spark master (ignored under spark-submit)")
+    parser.add_argument("--ignore-null-updates", action="store_true",
+                        help="a NULL in an update keeps the table's value (partial updates)")
+    parser.add_argument("--unavailable-value", default=debezium.UNAVAILABLE_VALUE,
+                        help="string that stands for an unchanged value (Debezium's unavailable.value.placeholder); "
+                        "it never overwrites the table's value. '' turns this off")
     parser.add_argument("--spark-conf", action="append", default=[], metavar="KEY=VALUE",
                         help="Spark setting for the job's session, e.g. spark.hadoop.fs.s3a.endpoint=http://minio:9000 "
                         "(repeatable; under spark-submit use its own --conf)")
@@ -208,7 +217,8 @@ def parse_args(argv: list[str] | None) -> tuple[IngestConfig, str, dict[str, str
         processing_time=args.processing_time, max_offsets_per_trigger=args.max_offsets_per_trigger,
         starting_offsets=args.starting_offsets, on_malformed=args.on_malformed, source_format=args.source_format,
         extra_sequence=[s.strip() for s in args.sequence.split(",") if s.strip()],
-        storage_options=storage_options,
+        storage_options=storage_options, ignore_null_updates=args.ignore_null_updates,
+        unavailable_value=args.unavailable_value or None,
     ), args.master, spark_conf
 
 

@@ -62,6 +62,8 @@ __all__ = [
     "infer_row_schema",
 ]
 
+# Debezium's default unavailable.value.placeholder: a TOASTed value the update did not change.
+UNAVAILABLE_VALUE = "__debezium_unavailable_value"
 OP = "_cdc_op"
 POSITION = "_cdc_position"
 TS_MS = "_cdc_ts_ms"

@@ -28,6 +28,8 @@ DELETE_FLAG = "__sm_is_delete__"
 NULL_KEY_FLAG = "__sm_null_key__"
 ORDER_COL = "__sm_batch_order__"
 SEQUENCE_COL = "__sm_sequence__"
+RESET_COL = "__sm_reset_seq__"  # partial updates: sequence of the batch's last delete of the key
+PROVIDER_PREFIX = "__sm_from__"  # partial updates: sequence of the event a column's value came from
 Dedupe = Literal["last", "error"]
 
 
@@ -40,6 +42,14 @@ class CdcSpec:
     sequence_by: Sequence[str] = ()
     delete_when: str | Column | None = None
     dedupe: Dedupe = "last"
+    # Partial updates: a NULL (with ignore_null_updates) or the placeholder value in a string
+    # column (unavailable_value) means "unchanged" and never overwrites the table's value.
+    ignore_null_updates: bool = False
+    unavailable_value: str | None = None
+
+    @property
+    def partial(self) -> bool:
+        return self.ignore_null_updates or self.unavailable_value is not None
 
     def __post_init__(self) -> None:
         if not self.keys:
@@ -69,6 +79,22 @@ class CdcSpec:
         t_struct = ", ".join(f"`{target}`.`{c}`" for c in self.sequence_by)
         s_struct = ", ".join(f"`{source}`.`{c}`" for c in self.sequence_by)
         return f"(struct({t_struct}) IS NULL OR struct({s_struct}) > struct({t_struct}))"
+
+    def later(self, sequence_sql: str, target: str = "t") -> str:
+        """SQL: ``sequence_sql`` (a sequence value of the source's form) is newer than the target
+        row's sequence (a NULL table sequence loses)."""
+        if not self.sequence_by:
+            return "true"
+        if len(self.sequence_by) == 1:
+            column = f"`{target}`.`{self.sequence_by[0]}`"
+        else:
+            column = "struct(" + ", ".join(f"`{target}`.`{c}`" for c in self.sequence_by) + ")"
+        return f"({column} IS NULL OR {sequence_sql} > {column})"
+
+    def data_columns(self, columns: Sequence[str]) -> list[str]:
+        """The columns a partial update may leave unchanged: all but keys, sequence, internal."""
+        fixed = {c.lower() for c in [*self.keys, *self.sequence_by]}
+        return [c for c in columns if c.lower() not in fixed and not c.startswith("__sm_")]
 
     def sequence(self) -> Column:
         """One orderable value for the event's position (a struct for several columns)."""
@@ -181,7 +207,11 @@ def prepare_observed(batch: DataFrame, spec: CdcSpec, partitions: int) -> Prepar
                      F.count(F.when(F.col(NULL_KEY_FLAG), 1)).alias("nullKeys"),
                      F.count(F.when(F.col(DELETE_FLAG), 1)).alias("deletes")))
     keys = [F.col(f"`{k}`") for k in spec.keys]
-    if spec.dedupe == "error":
+    if spec.partial:
+        if spec.dedupe == "error":
+            _fail_on_duplicates(rows.filter(~F.col(NULL_KEY_FLAG)), spec)
+        kept = _fold_partial(rows, spec, partitions)
+    elif spec.dedupe == "error":
         _fail_on_duplicates(rows.filter(~F.col(NULL_KEY_FLAG)), spec)
         kept = rows
     else:
@@ -199,6 +229,48 @@ def prepare_observed(batch: DataFrame, spec: CdcSpec, partitions: int) -> Prepar
     for i, key in enumerate(keys):
         aggregates += [F.min(F.when(valid, key)).alias(f"lo{i}"), F.max(F.when(valid, key)).alias(f"hi{i}")]
     return PreparedBatch(kept.observe(stats, *aggregates), counts, stats)
+
+
+def _fold_partial(rows: DataFrame, spec: CdcSpec, partitions: int) -> DataFrame:
+    """One row per key that carries the batch's events folded in sequence order, for partial
+    updates: the newest event's keys, sequence and delete flag; per data column the newest
+    *present* value after the batch's last delete of the key (NULL when none) and, in
+    ``__sm_from__<column>``, the sequence of the event it came from; in ``__sm_reset_seq__`` the
+    sequence of that last delete. The MERGE then decides per column against the table row's
+    sequence (``MergeSink``): a value from an event older than the row is ignored, as a whole
+    event older than the row is. NULL-key rows pass through unchanged, for the dead letter.
+
+    Events of one key in one batch are ordered by ``sequence_by`` then batch order, as the
+    newest-per-key rule orders them."""
+    data = spec.data_columns(rows.columns)
+    keys = [F.col(f"`{k}`") for k in spec.keys]
+    with_order = rows.withColumn(ORDER_COL, F.monotonically_increasing_id()).repartition(partitions, *keys)
+    valid = with_order.filter(~F.col(NULL_KEY_FLAG))
+    ordering = F.struct(spec.sequence(), F.col(ORDER_COL)) if spec.sequence_by else F.struct(F.col(ORDER_COL))
+    sequence = spec.sequence() if spec.sequence_by else F.col(ORDER_COL)
+    last_delete = F.max(F.when(F.col(DELETE_FLAG), ordering)).over(Window.partitionBy(*keys))
+    valid = valid.withColumn("__sm_ord__", ordering).withColumn("__sm_last_delete__", last_delete)
+    after_reset = F.col("__sm_last_delete__").isNull() | (F.col("__sm_ord__") > F.col("__sm_last_delete__"))
+    types = dict(rows.dtypes)
+    aggregates = [F.max_by(F.struct(*[F.col(f"`{c}`") for c in rows.columns if c not in data]),
+                       F.col("__sm_ord__")).alias("__sm_last__"),
+                  F.max_by(sequence, F.when(F.col(DELETE_FLAG), F.col("__sm_ord__"))).alias(RESET_COL)]
+    for column in data:
+        value = F.col(f"`{column}`")
+        present = value.isNotNull() if spec.ignore_null_updates else F.lit(True)
+        if spec.unavailable_value is not None and types[column] == "string":
+            present = present & ~value.eqNullSafe(F.lit(spec.unavailable_value))
+        chosen = F.when(present & after_reset, F.col("__sm_ord__"))
+        aggregates += [F.max_by(value, chosen).alias(column),
+                       F.max_by(sequence, chosen).alias(f"{PROVIDER_PREFIX}{column}")]
+    folded = valid.groupBy(*keys).agg(*aggregates)
+    folded = folded.select(*[F.col(f"__sm_last__.`{c}`").alias(c) if c not in data else F.col(f"`{c}`")
+                             for c in rows.columns if c not in spec.keys] + [F.col(f"`{k}`") for k in spec.keys]
+                           + [F.col(RESET_COL)] + [F.col(f"`{PROVIDER_PREFIX}{c}`") for c in data])
+    folded = folded.select(*[F.col(f"`{c}`") for c in rows.columns],
+                           F.col(RESET_COL), *[F.col(f"`{PROVIDER_PREFIX}{c}`") for c in data])
+    null_keys = with_order.filter(F.col(NULL_KEY_FLAG)).drop(ORDER_COL)
+    return folded.unionByName(null_keys, allowMissingColumns=True)
 
 
 def _fail_on_duplicates(rows: DataFrame, spec: CdcSpec) -> None:

@@ -40,6 +40,8 @@ from streaming_merge.merge.skipping import SourceStats, source_stats_of
 from streaming_merge.streaming.cdc import (
     DELETE_FLAG,
     NULL_KEY_FLAG,
+    PROVIDER_PREFIX,
+    RESET_COL,
     CdcSpec,
     ColumnSelection,
     Dedupe,
@@ -95,6 +97,8 @@ class MergeSink:
         auto_compact: AutoCompact | None = None,
         column_list: Sequence[str] | None = None,
         except_column_list: Sequence[str] | None = None,
+        ignore_null_updates: bool = False,
+        unavailable_value: str | None = None,
     ) -> None:
         key_list = _as_list(keys)
         if not key_list and condition is None:
@@ -106,7 +110,15 @@ class MergeSink:
         self.target = target  # as given until the first batch resolves it with the session's file system
         self._storage_options = dict(storage_options or {})
         self._location: TableLocation | None = None
-        self._spec = CdcSpec(key_list, _as_list(sequence_by), delete_when, dedupe) if key_list else None
+        partial = ignore_null_updates or unavailable_value is not None
+        if partial and not key_list:
+            raise ValueError("ignore_null_updates / unavailable_value need keys=[...]: a partial update is "
+                             "folded per key")
+        if partial and schema_evolution:
+            raise ValueError("ignore_null_updates / unavailable_value cannot be combined with schema_evolution yet "
+                             "(their MERGE assigns columns one by one, which does not add new columns)")
+        self._spec = CdcSpec(key_list, _as_list(sequence_by), delete_when, dedupe, ignore_null_updates,
+                             unavailable_value) if key_list else None
         self._condition = condition or (self._spec.key_condition() if self._spec else "")
         self._selection = ColumnSelection(
             column_list, except_column_list,
@@ -284,7 +296,7 @@ class MergeSink:
     def _merge(self, spark: SparkSession, source: DataFrame, app_id: str, batch_id: int,
                stats: SourceStats | None, snapshot: Snapshot | None) -> MergeMetrics:
         builder = DeltaTable(spark, self._bind(spark), "t").merge(source.alias("s"), self._condition)
-        builder = self._clauses(builder) if self._clauses else self._upsert(builder)
+        builder = self._clauses(builder) if self._clauses else self._upsert(builder, source.columns)
         # The batch is materialized once, above, with its statistics; a tombstone-filtered
         # source (stats None) is materialized by the MERGE, which counts what is left.
         options: dict[str, Any] = {f.name: getattr(self._merge_options, f.name)
@@ -298,15 +310,39 @@ class MergeSink:
             builder = builder.withSchemaEvolution()
         return builder.execute(app_id=app_id, version=batch_id)
 
-    def _upsert(self, builder: DeltaMergeBuilder) -> DeltaMergeBuilder:
+    def _upsert(self, builder: DeltaMergeBuilder, source_columns: Sequence[str]) -> DeltaMergeBuilder:
         """The CDC preset: newest event per key wins, deletes delete, nothing older wins."""
         assert self._spec is not None
         newer = self._spec.newer()
         guard = f" AND {newer}" if newer else ""
+        if self._spec.partial:
+            return self._partial_upsert(builder, source_columns, guard)
         return (builder
                 .whenMatchedDelete(condition=f"s.`{DELETE_FLAG}`{guard}")
                 .whenMatchedUpdateAll(condition=f"NOT s.`{DELETE_FLAG}`{guard}")
                 .whenNotMatchedInsertAll(condition=f"NOT s.`{DELETE_FLAG}`"))
+
+    def _partial_upsert(self, builder: DeltaMergeBuilder, source_columns: Sequence[str], guard: str
+                        ) -> DeltaMergeBuilder:
+        """Partial updates over the folded batch (``cdc._fold_partial``): a data column takes the
+        batch's value when the event it came from is newer than the table row, or when the batch
+        deleted the key after the row's sequence (the row then starts afresh); otherwise the row
+        keeps its value. Inserts take the batch's values (NULL where no event carried one)."""
+        spec = self._spec
+        assert spec is not None
+        data = spec.data_columns(source_columns)
+        fixed = [c for c in source_columns if not c.startswith("__sm_") and c not in data]
+        fresh = f"(s.`{RESET_COL}` IS NOT NULL AND {spec.later(f's.`{RESET_COL}`')})"
+        assignments = {f"`{c}`": f"s.`{c}`" for c in fixed}
+        for column in data:
+            provider = f"s.`{PROVIDER_PREFIX}{column}`"
+            assignments[f"`{column}`"] = (f"CASE WHEN {fresh} OR ({provider} IS NOT NULL AND {spec.later(provider)}) "
+                                          f"THEN s.`{column}` ELSE t.`{column}` END")
+        values = {f"`{c}`": f"s.`{c}`" for c in [*fixed, *data]}
+        return (builder
+                .whenMatchedDelete(condition=f"s.`{DELETE_FLAG}`{guard}")
+                .whenMatchedUpdate(condition=f"NOT s.`{DELETE_FLAG}`{guard}", set=assignments)
+                .whenNotMatchedInsert(condition=f"NOT s.`{DELETE_FLAG}`", values=values))
 
     def _route_null_keys(self, spark: SparkSession, batch: DataFrame, batch_id: int, app_id: str,
                          count: int) -> int:

@@ -20,7 +20,7 @@ from pyspark.sql import functions as F
 
 from streaming_merge.delta_table import DeltaTable
 from streaming_merge.merge.skipping import ColumnScope, SkippingPlan
-from streaming_merge.streaming.cdc import DELETE_FLAG, CdcSpec
+from streaming_merge.streaming.cdc import DELETE_FLAG, PROVIDER_PREFIX, CdcSpec
 from streaming_merge.table.append import append_rows
 from streaming_merge.table.location import TableLocation
 from streaming_merge.table.scan import scan_files
@@ -72,9 +72,34 @@ class Tombstones:
         partitions = max(1, int(spark.sparkContext.defaultParallelism))
         tombstones = (scan_files(spark, snapshot, files).select(*[F.col(f"`{c}`") for c in self._columns])
                       .repartition(partitions, *keys).alias("d").hint("shuffle_hash"))
+        if self._spec.partial:
+            return self._without_late_values(events, tombstones, keys, partitions)
         condition = (F.expr(" AND ".join(f"e.`{k}` = d.`{k}`" for k in self._spec.keys))
                      & ~F.col(f"e.`{DELETE_FLAG}`") & ~F.expr(self._newer_than_tombstone()))
         return events.repartition(partitions, *keys).alias("e").join(tombstones, condition, "left_anti")
+
+    def _without_late_values(self, events: DataFrame, tombstones: DataFrame, keys: list[Any],
+                             partitions: int) -> DataFrame:
+        """Partial updates: besides dropping the late events, forget the values a folded event
+        took from events not newer than the key's newest tombstone (the row was deleted after
+        them), so an insert after a delete never resurrects a deleted value."""
+        spec = self._spec
+        newest = tombstones.groupBy(*keys).agg(F.max(spec.sequence()).alias("__sm_tombstone__")).alias("d")
+        joined = events.repartition(partitions, *keys).alias("e").join(
+            newest, F.expr(" AND ".join(f"e.`{k}` = d.`{k}`" for k in spec.keys)), "left")
+        tombstone = F.col("d.__sm_tombstone__")
+        final = spec.sequence()  # the sequence columns are only on the events' side
+        kept = joined.filter(tombstone.isNull() | F.col(f"e.`{DELETE_FLAG}`") | (final > tombstone))
+        columns = []
+        data = set(spec.data_columns(events.columns))
+        for column in events.columns:
+            value = F.col(f"e.`{column}`")
+            if column in data or column.startswith(PROVIDER_PREFIX):
+                provider_name = column if column.startswith(PROVIDER_PREFIX) else f"{PROVIDER_PREFIX}{column}"
+                provider = F.col(f"e.`{provider_name}`")
+                value = F.when(tombstone.isNull() | (provider > tombstone), value)
+            columns.append(value.alias(column))
+        return kept.select(*columns)
 
     def record(self, spark: SparkSession, events: DataFrame, app_id: str, batch_id: int,
                snapshot: Snapshot | None = None) -> None:

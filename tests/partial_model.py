@@ -1,0 +1,55 @@
+"""Reference model of partial CDC updates (``ignore_null_updates`` / ``unavailable_value``),
+written from the documented rule, independently of the sink's Spark plan.
+
+Per batch and key: the events are ordered by sequence (ties: batch order); those not newer
+than the key's state at the start of the batch (its row's sequence, else its newest
+tombstone) are dropped; the rest apply one after the other: a delete removes the row, an
+upsert sets every column it carries a value for (NULL, or the placeholder in a string
+column, means "unchanged") and starts from nothing when the row is absent. A batch whose
+newest event is a delete records a tombstone at its sequence.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+Event = dict[str, Any]
+
+
+def apply_batches(batches: list[list[Event]], *, data_columns: list[str], ignore_nulls: bool,
+                  placeholder: str | None) -> dict[Any, Event]:
+    rows: dict[Any, Event] = {}
+    tombstones: dict[Any, Any] = {}
+
+    def present(value: Any) -> bool:
+        if value is None:
+            return not ignore_nulls
+        return not (placeholder is not None and isinstance(value, str) and value == placeholder)
+
+    for batch in batches:
+        by_key: dict[Any, list[Event]] = {}
+        for event in batch:
+            if event["id"] is not None:
+                by_key.setdefault(event["id"], []).append(event)
+        for key, events in by_key.items():
+            ordered = sorted(events, key=lambda e: e["lsn"])  # stable: ties keep batch order
+            row = rows.get(key)
+            base = row["lsn"] if row is not None else tombstones.get(key)
+            state = dict(row) if row is not None else None
+            for event in ordered:
+                if base is not None and not event["lsn"] > base:
+                    continue
+                if event["op"] == "d":
+                    state = None
+                    continue
+                previous = state or {}
+                state = {"id": key, "lsn": event["lsn"]}
+                for column in data_columns:
+                    state[column] = event[column] if present(event[column]) else previous.get(column)
+            if ordered[-1]["op"] == "d":
+                tombstones[key] = max(tombstones.get(key, ordered[-1]["lsn"]), ordered[-1]["lsn"])
+            if state is None:
+                rows.pop(key, None)
+            else:
+                rows[key] = state
+    return rows

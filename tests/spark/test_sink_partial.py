@@ -1,0 +1,81 @@
+"""Partial updates in MergeSink (``ignore_null_updates``, Debezium's unavailable-value
+placeholder): random event orders, duplicates of sequence values, deletes and late events
+across batches, checked against the reference model in tests/partial_model.py."""
+
+from __future__ import annotations
+
+import tempfile
+from typing import Any
+
+import deltalake
+import pytest
+from hypothesis import HealthCheck, example, given, settings
+from hypothesis import strategies as st
+from pyspark.sql import SparkSession
+
+from streaming_merge import MergeSink
+from tests.partial_model import apply_batches
+from tests.spark.test_sink import frame
+
+PLACEHOLDER = "__debezium_unavailable_value"
+DATA = ["op", "name", "amount"]
+
+events = st.fixed_dictionaries({
+    "id": st.integers(0, 2),
+    "lsn": st.integers(0, 12),
+    "op": st.sampled_from(["c", "u", "u", "d"]),
+    "name": st.sampled_from([None, "a", "b", PLACEHOLDER]),
+    "amount": st.sampled_from([None, 1, 2]),
+})
+batches = st.lists(st.lists(events, min_size=1, max_size=8), min_size=1, max_size=3)
+
+
+def _table(path: str) -> dict[Any, dict[str, Any]]:
+    if not deltalake.DeltaTable.is_deltatable(path):
+        return {}
+    return {r["id"]: r for r in deltalake.DeltaTable(path).to_pyarrow_table().to_pylist()}
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
+                                                                  HealthCheck.too_slow])
+@given(batches=batches, mode=st.sampled_from(["nulls", "placeholder", "both"]))
+# a real NULL overwrites when only the placeholder means "unchanged"
+@example(batches=[[{"id": 0, "lsn": 1, "op": "c", "name": "a", "amount": 1}],
+                  [{"id": 0, "lsn": 2, "op": "u", "name": PLACEHOLDER, "amount": None}]], mode="placeholder")
+# a delete newer than the row inside the batch: the row starts afresh, nothing of the old one survives
+@example(batches=[[{"id": 0, "lsn": 1, "op": "c", "name": "a", "amount": 1}],
+                  [{"id": 0, "lsn": 3, "op": "u", "name": None, "amount": 2},
+                   {"id": 0, "lsn": 2, "op": "d", "name": None, "amount": None}]], mode="nulls")
+# a late value older than the tombstone never comes back with a newer partial insert
+@example(batches=[[{"id": 0, "lsn": 1, "op": "c", "name": "a", "amount": 1}],
+                  [{"id": 0, "lsn": 5, "op": "d", "name": None, "amount": None}],
+                  [{"id": 0, "lsn": 4, "op": "u", "name": "late", "amount": 2},
+                   {"id": 0, "lsn": 6, "op": "u", "name": None, "amount": 3}]], mode="nulls")
+def test_partial_updates_agree_with_the_model(spark: SparkSession, batches: list[list[dict[str, Any]]],
+                                              mode: str) -> None:
+    ignore_nulls = mode in ("nulls", "both")
+    placeholder = PLACEHOLDER if mode in ("placeholder", "both") else None
+    with tempfile.TemporaryDirectory() as folder:
+        path = f"{folder}/t"
+        sink = MergeSink(path, keys="id", sequence_by="lsn", delete_when="op = 'd'", app_id="partial",
+                         ignore_null_updates=ignore_nulls, unavailable_value=placeholder)
+        for batch_id, batch in enumerate(batches):
+            sink(frame(spark, batch), batch_id)
+        expected = apply_batches(batches, data_columns=DATA, ignore_nulls=ignore_nulls, placeholder=placeholder)
+        assert _table(path) == expected
+
+
+def test_a_placeholder_never_overwrites_and_never_lands(spark: SparkSession, table_path: str) -> None:
+    sink = MergeSink(table_path, keys="id", sequence_by="lsn", app_id="toast", unavailable_value=PLACEHOLDER)
+    sink(frame(spark, [{"id": 1, "lsn": 1, "op": "c", "name": "long text", "amount": 1},
+                       {"id": 2, "lsn": 1, "op": "c", "name": PLACEHOLDER, "amount": 2}]), 0)
+    sink(frame(spark, [{"id": 1, "lsn": 2, "op": "u", "name": PLACEHOLDER, "amount": None}]), 1)
+    assert _table(table_path) == {1: {"id": 1, "lsn": 2, "op": "u", "name": "long text", "amount": None},
+                                  2: {"id": 2, "lsn": 1, "op": "c", "name": None, "amount": 2}}
+
+
+def test_partial_options_refuse_what_they_cannot_do(table_path: str) -> None:
+    with pytest.raises(ValueError, match="need keys"):
+        MergeSink(table_path, condition="t.id = s.id", ignore_null_updates=True)
+    with pytest.raises(ValueError, match="schema_evolution"):
+        MergeSink(table_path, keys="id", ignore_null_updates=True, schema_evolution=True)
