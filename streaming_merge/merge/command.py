@@ -20,6 +20,7 @@ from typing import Any
 from pyspark.sql import Column, DataFrame, SparkSession
 
 from streaming_merge._profile import phase
+from streaming_merge._spark_conf import temporary_conf
 from streaming_merge.errors import MaterializedSourceLostError, MergeAssignmentOverflowError
 from streaming_merge.merge.clauses import ClauseSet, MergeClause, expr_text
 from streaming_merge.merge.materialize import (
@@ -143,17 +144,8 @@ _MERGE_CONF = {
 def merge_conf(spark: SparkSession) -> Iterator[None]:
     """Session settings for the duration of a MERGE (a streaming query's foreachBatch runs
     on the query's own session clone, so other queries are not affected)."""
-    previous = {key: spark.conf.get(key, None) for key in _MERGE_CONF}
-    for key, value in _MERGE_CONF.items():
-        spark.conf.set(key, value)
-    try:
+    with temporary_conf(spark, _MERGE_CONF):
         yield
-    finally:
-        for key, value in previous.items():
-            if value is None:
-                spark.conf.unset(key)
-            else:
-                spark.conf.set(key, value)
 
 
 def _millis_since(start: float) -> int:

@@ -27,6 +27,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from streaming_merge._profile import phase
+from streaming_merge._spark_conf import temporary_conf
 from streaming_merge.optimize.binpack import Bin, plan_bins
 from streaming_merge.optimize.metrics import FileSizeMetrics, OptimizeMetrics
 from streaming_merge.optimize.options import OptimizeOptions
@@ -109,17 +110,8 @@ def _compaction_conf(spark: SparkSession) -> Iterator[None]:
     wanted = {_UNION_PARTITIONING: "false"}
     if spark.conf.get(_LISTING_PARALLELISM, None) is None:
         wanted[_LISTING_PARALLELISM] = str(max(1, int(spark.sparkContext.defaultParallelism)))
-    previous = {key: spark.conf.get(key, None) for key in wanted}
-    for key, value in wanted.items():
-        spark.conf.set(key, value)
-    try:
+    with temporary_conf(spark, wanted):
         yield
-    finally:
-        for key, value in previous.items():
-            if value is None:
-                spark.conf.unset(key)
-            else:
-                spark.conf.set(key, value)
 
 
 def bins_frame(spark: SparkSession, snapshot: Snapshot, bins: Sequence[Bin]) -> DataFrame:

@@ -42,6 +42,7 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
+from streaming_merge._spark_conf import temporary_conf
 from streaming_merge.errors import DeltaTableError
 from streaming_merge.table.files import HadoopFiles
 from streaming_merge.table.location import TableRef, resolve
@@ -89,17 +90,8 @@ def _parquet_write_conf(spark: SparkSession) -> Iterator[None]:
         "spark.sql.parquet.compression.codec": "snappy",
         "spark.sql.parquet.datetimeRebaseModeInWrite": "CORRECTED",
     }
-    previous = {key: spark.conf.get(key, None) for key in wanted}
-    for key, value in wanted.items():
-        spark.conf.set(key, value)
-    try:
+    with temporary_conf(spark, wanted):
         yield
-    finally:
-        for key, value in previous.items():
-            if value is None:
-                spark.conf.unset(key)
-            else:
-                spark.conf.set(key, value)
 
 
 def write_files(
