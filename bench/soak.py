@@ -1,0 +1,712 @@
+"""Exactly-once soak: the Kafka CDC ingestion job, SIGKILLed again and again, must end exact.
+
+    python -m bench.soak                                  # defaults: local-cluster, 20 kills, 3 executor kills
+    python -m bench.soak --master 'local[2]' --executor-kills 0 --kills 10 --events 3000
+    python -m bench.soak --json bench/results/soak.json --seed 7
+
+What it does: starts the embedded Kafka-compatible broker (as jobs/kafka_cdc_demo.py does),
+produces a generated Debezium change stream of the ``orders`` table (jobs/cdc_generator.py:
+updates, deletes, duplicates, late re-sends, Kafka tombstones, five malformed records),
+then runs the ingestion job (bench/_soak_app.py: the job's own ``start`` with
+``availableNow``, instrumented) over and over on the same checkpoint. Each life but the last
+ends with a SIGKILL of the job's whole process group (Python driver, driver JVM with the
+standalone master and workers of a ``local-cluster``, executor JVMs and their Python
+workers), like a machine dying, at a point chosen with a seeded RNG, at least
+``--kills`` times, and deliberately at each kind of point:
+
+- ``commit_before`` / ``commit_after``: right before / right after delta-rs writes a commit of
+  the target (the MERGE with the batch's txn) or of the tombstone table (the batch's deletes,
+  written just before the MERGE);
+- ``mid_read``: while the batch's Kafka records are being read on the executors;
+- ``mid_merge``: the MERGE's files are written, its commit is not (orphan files);
+- ``after_merge_commit``: between the MERGE commit and Spark's offset commit (the replay
+  must be skipped by the Delta txn);
+- ``wall_clock``: a random delay after a batch starts, from outside (wherever that lands).
+
+Plus ``--executor-kills`` SIGKILLs of one executor JVM in the middle of a batch (during the
+read, after the sink materialized the batch, between the MERGE's scan and rewrite), which the job must
+survive (the batch finishes in the same life).
+
+What it checks, independently of the job's own reports:
+
+- between lives: the target's txn version for the query id (read with delta-rs) and
+  Spark's committed batch never go backwards, the restart resumes at the first batch
+  Spark had not committed, and its first batch is skipped exactly when the table already
+  holds its txn (``txn >= batch``);
+- at the end: the table read with ``deltalake.DeltaTable(path).to_pyarrow_table()`` against
+  the state cdc_generator computed: lost (expected keys missing), duplicated (extra rows of a
+  key) and wrong (rows that differ, or exist but must not) must all be 0; the dead-letter
+  table holds each malformed record exactly once; no (app id, txn version) is committed
+  twice in any table's log; Spark's final offsets are the topic's end offsets.
+
+Prints the figures and ``VERDICT: PASS`` / ``FAIL``; exit status 0 / 1. ``--json PATH`` writes
+them (with every kill and life) as JSON. Too long for CI: run it by hand (bench/README.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import math
+import os
+import random
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import deltalake
+
+from bench.kafka_ingest_bench import produce_keyed_bulk
+from jobs import cdc_generator
+from streaming_merge.kafka.broker import EmbeddedKafka
+
+ROOT = Path(__file__).resolve().parents[1]
+TABLE = "orders"
+SPEC = cdc_generator.TABLES[TABLE]
+KEY: str = SPEC["key"]
+COLUMNS = [c.split()[0] for c in SPEC["schema"].split(",")]
+TOPIC = "soak.public.orders"
+
+PROCESS_KILL_KINDS = ("commit_before", "commit_after", "mid_read", "after_merge_commit", "mid_merge", "wall_clock")
+EXECUTOR_KILL_KINDS = ("mid_read", "after_materialize", "mid_merge")
+LIFE_TIMEOUT_S = 900.0  # a guard against a hung life, not a synchronisation
+MAX_FAILED_LIVES = 5  # consecutive lives that die on their own (not by our kill) before giving up
+# Each life's JVMs live a minute or so: C1 compiles their hot code soon enough and leaves the two
+# cores to the work (a local-cluster life runs three JVMs); as tests/cluster/ does.
+JVM_OPTIONS = "-XX:TieredStopAtLevel=1"
+SUBMIT_ARGS = f"--conf spark.executor.extraJavaOptions={JVM_OPTIONS} --driver-java-options {JVM_OPTIONS} pyspark-shell"
+
+
+# ------------------------------------------------------------------ the plan
+
+
+@dataclass
+class KillPlan:
+    """One process kill: KIND at the first eligible point of a batch >= ``batch``.
+    ``fraction`` scales the random delay of ``mid_read`` / ``wall_clock`` kills (drawn from the
+    seeded RNG up front; the delay's scale is measured during the run)."""
+
+    index: int
+    kind: str
+    batch: int
+    table: str = ""
+    fraction: float = 0.0
+
+
+@dataclass
+class ExecutorPlan:
+    kind: str
+    batch: int
+    done: bool = False
+
+
+def make_plan(rng: random.Random, kills: int, executor_kills: int, batches: int
+              ) -> tuple[list[KillPlan], list[ExecutorPlan]]:
+    """Kill kinds round-robin (every kind at least once from 6 kills on), shuffled, placed at
+    sorted random batches over the first 90 % of the stream; commit kills alternate target /
+    tombstones (two of three on the target).
+    Executor kills go to random batches of the first 70 % of the stream, so the lives after
+    them still have batches in which to show that the job survived."""
+    kinds = [PROCESS_KILL_KINDS[i % len(PROCESS_KILL_KINDS)] for i in range(kills)]
+    rng.shuffle(kinds)
+    # Headroom at the end: a kill that misses its batch moves on (a read shorter than its delay,
+    # a batch without the commit it waits for), and the stream must not end before it fires.
+    span = range(0, max(1, int(batches * 0.9)))
+    points = sorted(rng.sample(span, kills) if len(span) >= kills else rng.choices(span, k=kills))
+    plan: list[KillPlan] = []
+    seen: Counter[str] = Counter()
+    for index, (kind, batch) in enumerate(zip(kinds, points, strict=True)):
+        table = ""
+        if kind in ("commit_before", "commit_after"):
+            table = "tombstones" if seen[kind] % 3 == 1 else "target"
+        seen[kind] += 1
+        plan.append(KillPlan(index, kind, batch, table, rng.random()))
+    executor_span = range(0, max(1, int(batches * 0.7)))
+    executor_points = sorted(rng.sample(executor_span, executor_kills) if len(executor_span) >= executor_kills
+                             else rng.choices(executor_span, k=executor_kills))
+    executors = [ExecutorPlan(EXECUTOR_KILL_KINDS[i % len(EXECUTOR_KILL_KINDS)], b)
+                 for i, b in enumerate(executor_points)]
+    return plan, executors
+
+
+# ------------------------------------------------------------------ observing the job from outside
+
+
+def read_events(path: Path) -> list[dict[str, Any]]:
+    """The life's events; a line cut by the kill (there should be none: each is one write) is dropped."""
+    if not path.exists():
+        return []
+    events = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            events.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    return events
+
+
+def query_id(checkpoint: Path) -> str | None:
+    """The streaming query's id, which Spark keeps in the checkpoint; the sink's app id."""
+    metadata = checkpoint / "metadata"
+    return json.loads(metadata.read_text()).get("id") if metadata.exists() else None
+
+
+def log_ids(folder: Path) -> list[int]:
+    """Batch ids of Spark's offset or commit log (files named by batch id)."""
+    if not folder.exists():
+        return []
+    return sorted(int(p.name) for p in folder.iterdir() if p.name.isdigit())
+
+
+def txn_version(target: Path, app_id: str | None) -> int | None:
+    """The target's txn version for the query, read with delta-rs (None before the first MERGE)."""
+    if app_id is None or not (target / "_delta_log").exists():
+        return None
+    return deltalake.DeltaTable(str(target)).transaction_version(app_id)
+
+
+def group_members(pgid: int) -> list[int]:
+    """Live processes of process group ``pgid`` (the job's session: what a kill must take)."""
+    members = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", encoding="utf-8", errors="replace") as handle:
+                fields = handle.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[2]) == pgid and fields[0] != "Z":
+            members.append(int(entry))
+    return members
+
+
+def wait_group_gone(pgid: int, timeout_s: float = 30.0) -> list[int]:
+    """Wait until no process of the job's group is left; SIGKILL stragglers (they are ours:
+    the group is the session the job was started in). Returns the pids that outlived the kill."""
+    deadline = time.monotonic() + timeout_s
+    while (members := group_members(pgid)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    for pid in members:
+        with contextlib.suppress(ProcessLookupError):  # exited meanwhile
+            os.kill(pid, signal.SIGKILL)
+    return members
+
+
+def committed_txns(table: Path) -> Counter[tuple[str, int]]:
+    """(app id, version) -> number of commits recording that txn, from the table's JSON log.
+    Any count above 1 is a batch applied twice."""
+    counts: Counter[tuple[str, int]] = Counter()
+    log = table / "_delta_log"
+    if not log.exists():
+        return counts
+    for path in sorted(log.glob("*.json")):
+        for line in path.read_text(encoding="utf-8").splitlines():
+            action = json.loads(line)
+            if "txn" in action:
+                counts[(action["txn"]["appId"], int(action["txn"]["version"]))] += 1
+    return counts
+
+
+def log_is_complete(table: Path) -> bool:
+    """True when every commit file 0..latest is present (no log cleanup): then
+    :func:`committed_txns` sees every commit."""
+    versions = sorted(int(p.stem) for p in (table / "_delta_log").glob("*.json") if p.stem.isdigit())
+    return versions == list(range(len(versions)))
+
+
+# ------------------------------------------------------------------ one life
+
+
+@dataclass
+class Life:
+    """One run of the job, from launch to exit."""
+
+    index: int
+    kill: dict[str, Any] | None
+    executor_kills_requested: list[str]
+    exit_code: int | None = None
+    seconds: float = 0.0
+    to_first_batch_s: float | None = None
+    to_first_merge_s: float | None = None
+    first_batch: int | None = None
+    first_batch_skipped: bool | None = None
+    batches_started: list[int] = field(default_factory=list)
+    batches_merged: list[int] = field(default_factory=list)
+    killed_at: dict[str, Any] | None = None
+    executor_kills: list[dict[str, Any]] = field(default_factory=list)
+    survivors: list[int] = field(default_factory=list)
+    txn_after: int | None = None
+    spark_commit_after: int | None = None
+    spark_offsets_after: int | None = None
+    checks: dict[str, bool] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+
+
+class Soak:
+    def __init__(self, args: argparse.Namespace, workdir: Path, bootstrap: str) -> None:
+        self.args = args
+        self.workdir = workdir
+        self.bootstrap = bootstrap
+        self.target = workdir / TABLE
+        self.checkpoint = workdir / "checkpoint"
+        self.dead_letter = workdir / "dead_letter"
+        self.read_ms: list[float] = []  # decode_batch durations, to scale mid_read delays
+        self.batch_s: list[float] = []  # batch durations, to scale wall-clock delays
+
+    def command(self, events: Path, kill: KillPlan | None, executor_points: list[ExecutorPlan]) -> list[str]:
+        command = [sys.executable, "-m", "bench._soak_app", "--bootstrap-servers", self.bootstrap,
+                   "--topic", TOPIC, "--target", str(self.target), "--checkpoint", str(self.checkpoint),
+                   "--dead-letter", str(self.dead_letter), "--keys", KEY, "--row-schema", SPEC["schema"],
+                   "--max-offsets-per-trigger", str(self.args.max_offsets_per_trigger), "--master", self.args.master,
+                   "--events", str(events)]
+        if kill is not None and kill.kind != "wall_clock":
+            arg = kill.table
+            if kill.kind == "mid_read":
+                arg = str(round(kill.fraction * self.read_scale_ms()))
+            command += ["--kill", f"{kill.kind}:{kill.batch}" + (f":{arg}" if arg else "")]
+        for point in executor_points:
+            command += ["--executor-kill", f"{point.kind}:{point.batch}"]
+        if kill is not None and executor_points:
+            command += ["--executor-kills-before", str(kill.batch)]
+        return command
+
+    def read_scale_ms(self) -> float:
+        """Half the shortest read seen so far: a delay in [0, that) lands inside a typical
+        read; a read that ends first just moves the kill to the next batch."""
+        return 0.5 * min(self.read_ms) if self.read_ms else 150.0
+
+    def wall_scale_s(self) -> float:
+        """1.5 median warm batches: a wall-clock kill lands anywhere in the batch or the next."""
+        return 1.5 * statistics.median(self.batch_s) if self.batch_s else 6.0
+
+    def live(self, index: int, kill: KillPlan | None, executor_points: list[ExecutorPlan]) -> Life:
+        events_path = self.workdir / f"life-{index:02d}.jsonl"
+        life = Life(index, asdict(kill) if kill else None, [f"{p.kind}:{p.batch}" for p in executor_points])
+        env = {**os.environ, "PYTHONPATH": str(ROOT)}
+        env.setdefault("PYSPARK_SUBMIT_ARGS", SUBMIT_ARGS)
+        out = open(self.workdir / f"life-{index:02d}.log", "wb")  # noqa: SIM115 - closed below
+        launched, launched_wall = time.monotonic(), time.time()
+        process = subprocess.Popen(self.command(events_path, kill, executor_points), cwd=ROOT, stdout=out,
+                                   stderr=subprocess.STDOUT, start_new_session=True, env=env)
+        wall_fire: float | None = None
+        wall_delay = 0.0
+        try:
+            while process.poll() is None:
+                now = time.monotonic()
+                if kill is not None and kill.kind == "wall_clock":
+                    if wall_fire is None:
+                        started = [e for e in read_events(events_path)
+                                   if e["event"] == "batch_start" and e["batchId"] >= kill.batch]
+                        if started:
+                            wall_delay = kill.fraction * self.wall_scale_s()
+                            wall_fire = now + wall_delay
+                    elif now >= wall_fire and life.killed_at is None:
+                        last = read_events(events_path)[-1]
+                        os.killpg(process.pid, signal.SIGKILL)
+                        life.killed_at = {"kind": "wall_clock", "delayS": round(wall_delay, 2),
+                                          "batchId": last.get("batchId"), "lastEvent": last.get("event"),
+                                          "lastEventTable": last.get("table")}
+                if now - launched > LIFE_TIMEOUT_S and not life.notes:
+                    os.killpg(process.pid, signal.SIGKILL)
+                    life.notes.append(f"hung: killed after {LIFE_TIMEOUT_S:.0f}s")
+                time.sleep(0.05)
+        finally:
+            if process.poll() is None:
+                os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+            out.close()
+        life.seconds = round(time.monotonic() - launched, 2)
+        life.exit_code = process.returncode
+        life.survivors = wait_group_gone(process.pid)
+        self.observe(life, events_path, launched_wall)
+        return life
+
+    def observe(self, life: Life, events_path: Path, launch_wall: float) -> None:
+        """What the life's events say: resume times (from the launch of the process, which
+        follows the previous life's death by the checks between lives, ~1 s), batches, where
+        the kill landed, executor kills."""
+        events = read_events(events_path)
+        started_at = {e["batchId"]: e["t"] for e in events if e["event"] == "batch_start"}
+        first = next((e for e in events if e["event"] == "batch_start"), None)
+        if first is not None:
+            life.first_batch = first["batchId"]
+            life.to_first_batch_s = round(first["t"] - launch_wall, 2)
+        merges = [e for e in events if e["event"] == "merge"]
+        if merges:
+            life.to_first_merge_s = round(merges[0]["t"] - launch_wall, 2)
+            if merges[0]["batchId"] == life.first_batch:
+                life.first_batch_skipped = bool(merges[0]["progress"].get("skipped"))
+        life.batches_started = [e["batchId"] for e in events if e["event"] == "batch_start"]
+        life.batches_merged = [e["batchId"] for e in merges]
+        for merge in merges:  # warm batches only: a life's first batch pays the executors' start-up
+            if merge["batchId"] in started_at and merge["batchId"] != life.first_batch \
+                    and not merge["progress"].get("skipped"):
+                self.batch_s.append(merge["t"] - started_at[merge["batchId"]])
+        reads = [e for e in events if e["event"] == "read_end"]
+        self.read_ms += [e["ms"] for e in reads]
+        kill_event = next((e for e in events if e["event"] == "kill"), None)
+        if kill_event is not None:
+            life.killed_at = {k: v for k, v in kill_event.items() if k not in ("event", "t")}
+        for event in events:
+            if event["event"] in ("executor_killed", "executor_kill_skipped"):
+                batch = event["batchId"]
+                merged_after = [m for m in merges if m["batchId"] == batch and m["t"] > event["t"]]
+                record = {k: v for k, v in event.items() if k not in ("event", "t")}
+                record["event"] = event["event"]
+                record["batchFinished"] = bool(merged_after)
+                if merged_after:
+                    progress = merged_after[0]["progress"]
+                    record["sinkAttempts"] = progress.get("attempts")
+                    record["executorsAfterBatch"] = merged_after[0].get("executors")
+                    record["batchSeconds"] = round(merged_after[0]["t"] - started_at.get(batch, event["t"]), 1)
+                life.executor_kills.append(record)
+        log_text = (self.workdir / f"life-{life.index:02d}.log").read_text(errors="replace")
+        reruns = [line.strip() for line in log_text.splitlines()
+                  if "staging it again" in line or "rerunning the batch" in line]
+        life.notes += [line[:300] for line in reruns]
+        for record in life.executor_kills:
+            batch = record["batchId"]
+            mine = [line for line in reruns if f"Batch {batch} " in line or f"Batch {batch}:" in line]
+            record["sinkReruns"] = sum(1 for line in mine if "rerunning the batch" in line)
+            record["jobRestages"] = sum(1 for line in mine if "staging it again" in line)
+        if life.exit_code not in (0, -signal.SIGKILL):
+            life.notes.append("died on its own: " + " | ".join(log_text.strip().splitlines()[-5:])[-1500:])
+
+
+# ------------------------------------------------------------------ the final comparison
+
+
+def compare(target: Path, expected: dict[int, dict[str, Any]]) -> dict[str, Any]:
+    """The table read independently with delta-rs, against the generator's state."""
+    rows = deltalake.DeltaTable(str(target)).to_pyarrow_table().to_pylist()
+    actual: dict[int, dict[str, Any]] = {}
+    per_key: Counter[int] = Counter()
+    for row in rows:
+        per_key[row[KEY]] += 1
+        actual[row[KEY]] = {c: row[c] for c in COLUMNS}
+    lost = sorted(set(expected) - set(actual))
+    unexpected = sorted(set(actual) - set(expected))
+    differing = sorted(k for k in set(actual) & set(expected) if actual[k] != expected[k])
+    duplicated = {k: n - 1 for k, n in per_key.items() if n > 1}
+    return {"rows": len(rows), "expectedRows": len(expected), "lost": len(lost),
+            "duplicated": sum(duplicated.values()), "wrong": len(differing) + len(unexpected),
+            "wrongValues": len(differing), "unexpectedKeys": len(unexpected),
+            "lostKeys": lost[:20], "duplicatedKeys": sorted(duplicated)[:20], "wrongKeys": differing[:20],
+            "unexpectedKeysSample": unexpected[:20],
+            "wrongSample": {k: {"actual": actual[k], "expected": expected[k]} for k in differing[:5]}}
+
+
+def compare_dead_letter(path: Path, malformed: set[tuple[int, int]]) -> dict[str, Any]:
+    rows = deltalake.DeltaTable(str(path)).to_pyarrow_table().to_pylist() if (path / "_delta_log").exists() else []
+    seen = Counter((r["partition"], r["offset"]) for r in rows)
+    return {"rows": len(rows), "expected": len(malformed), "lost": len(malformed - set(seen)),
+            "duplicated": sum(n - 1 for n in seen.values() if n > 1), "unexpected": len(set(seen) - malformed)}
+
+
+def final_offsets(checkpoint: Path) -> dict[int, int]:
+    """The end offsets of Spark's last committed batch (its offset log entry)."""
+    committed = log_ids(checkpoint / "commits")
+    if not committed:
+        return {}
+    lines = (checkpoint / "offsets" / str(committed[-1])).read_text().splitlines()
+    source = json.loads(lines[-1])
+    return {int(p): int(o) for p, o in source.get(TOPIC, {}).items()}
+
+
+# ------------------------------------------------------------------ main
+
+
+def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
+    rng = random.Random(args.seed)
+    started = time.monotonic()
+    keys = args.keys or max(10, args.events // 10)
+    records, state = cdc_generator.generate(TABLE, args.events, keys, seed=args.seed)
+    expected = cdc_generator.expected_rows(state)
+    batches_estimate = math.ceil(len(records) / args.max_offsets_per_trigger)
+    plan, executor_plan = make_plan(rng, args.kills, args.executor_kills, batches_estimate)
+    lives: list[Life] = []
+    with EmbeddedKafka() as broker:
+        broker.create_topic(TOPIC, args.partitions)
+        acks = produce_keyed_bulk(broker.bootstrap_servers, TOPIC, args.partitions,
+                                  [(r.key, r.value) for r in records])
+        ends = {p: latest for p, (_, latest) in broker.client().offsets(TOPIC).items()}
+        broker.client().close()
+        malformed = {(a.partition, a.offset) for r, a in zip(records, acks, strict=True) if r.key == b"bad"}
+        print(f"Produced {len(records)} Kafka records ({args.events} change events, {len(malformed)} malformed, "
+              f"{keys} keys) to {TOPIC} over {args.partitions} partitions; ~{batches_estimate} batches of "
+              f"<= {args.max_offsets_per_trigger}; master {args.master}", flush=True)
+        print("Kill plan: " + ", ".join(f"{k.kind}{'/' + k.table if k.table else ''}@{k.batch}" for k in plan),
+              flush=True)
+        print("Executor kill plan: " + (", ".join(f"{p.kind}@{p.batch}" for p in executor_plan) or "none"),
+              flush=True)
+        soak = Soak(args, workdir, broker.bootstrap_servers)
+        pending = list(plan)
+        failed_in_a_row = 0
+        previous_txn: int | None = None
+        previous_commit = -1
+        while True:
+            kill = pending[0] if pending else None
+            todo = [p for p in executor_plan if not p.done]
+            before_txn, before_commit = previous_txn, previous_commit
+            life = soak.live(len(lives), kill, todo)
+            lives.append(life)
+            app_id = query_id(soak.checkpoint)
+            life.txn_after = txn_version(soak.target, app_id)
+            commits = log_ids(soak.checkpoint / "commits")
+            offsets = log_ids(soak.checkpoint / "offsets")
+            life.spark_commit_after = commits[-1] if commits else None
+            life.spark_offsets_after = offsets[-1] if offsets else None
+            for record in life.executor_kills:
+                if record["event"] == "executor_killed":
+                    match = next((p for p in todo if p.kind == record["kind"] and not p.done), None)
+                    if match is not None:
+                        match.done = True
+            # Progress never goes backwards, and the life resumed where Spark left off.
+            life.checks["txnMonotonic"] = (before_txn is None or (life.txn_after is not None
+                                                                  and life.txn_after >= before_txn))
+            life.checks["sparkCommitMonotonic"] = (life.spark_commit_after if life.spark_commit_after is not None
+                                                   else -1) >= before_commit
+            if life.first_batch is not None:
+                life.checks["resumedAtFirstUncommittedBatch"] = life.first_batch == before_commit + 1
+                if life.first_batch_skipped is not None:
+                    already = before_txn is not None and before_txn >= life.first_batch
+                    life.checks["replaySkippedExactlyWhenTxnHeld"] = life.first_batch_skipped == already
+            life.checks["noProcessOutlivedTheKill"] = not life.survivors
+            for record in life.executor_kills:
+                if record["event"] == "executor_killed":
+                    life.checks[f"survivedExecutorKill@{record['batchId']}"] = record["batchFinished"]
+            previous_txn = life.txn_after if life.txn_after is not None else previous_txn
+            previous_commit = life.spark_commit_after if life.spark_commit_after is not None else previous_commit
+            print(life_line(life), flush=True)
+            if life.exit_code == -signal.SIGKILL and life.killed_at is not None:
+                pending.pop(0)
+                failed_in_a_row = 0
+                continue
+            if life.exit_code == 0:
+                if kill is not None:
+                    life.notes.append("planned kill(s) never reached, the stream ended first: "
+                                      + ", ".join(f"{k.kind}@{k.batch}" for k in pending))
+                break
+            failed_in_a_row += 1  # died on its own or hung: restart, the checkpoint must cope
+            if failed_in_a_row >= MAX_FAILED_LIVES:
+                life.notes.append(f"giving up after {failed_in_a_row} lives that failed on their own")
+                break
+        app_id = query_id(soak.checkpoint)
+        table = compare(soak.target, expected)
+        dead = compare_dead_letter(soak.dead_letter, malformed)
+        txns = {name: committed_txns(path) for name, path in
+                (("target", soak.target), ("tombstones", Path(f"{soak.target}_tombstones")),
+                 ("dead_letter", soak.dead_letter))}
+        complete = {name: log_is_complete(path) for name, path in
+                    (("target", soak.target), ("tombstones", Path(f"{soak.target}_tombstones")),
+                     ("dead_letter", soak.dead_letter)) if (path / "_delta_log").exists()}
+        twice = {name: sorted(f"{a}@{v}" for (a, v), n in counts.items() if n > 1) for name, counts in txns.items()}
+        offsets_done = final_offsets(soak.checkpoint)
+    elapsed = time.monotonic() - started
+    return summarize(args, keys, records, malformed, plan, executor_plan, lives, table, dead, twice, complete,
+                     offsets_done, ends, app_id, elapsed)
+
+
+PHASE_AFTER_EVENT = {
+    "started": "start-up (before the SparkSession)", "session": "start-up (query starting)",
+    "query_started": "planning the first batch", "batch_start": "batch started, before the Kafka read",
+    "read_start": "Kafka read/decode in flight", "read_end": "sink: materialize / tombstones / MERGE",
+    "executor_killed": "right after an executor kill", "merge": "after the MERGE commit, before Spark's offset commit",
+}
+
+
+def phase_of(where: dict[str, Any]) -> str:
+    """Where a kill landed, in words: the app's own point, or (wall clock) after its last event."""
+    kind = where.get("kind")
+    if kind == "commit_before":
+        return f"right before delta-rs writes the {where.get('table')} commit"
+    if kind == "commit_after":
+        return f"right after delta-rs wrote the {where.get('table')} commit"
+    if kind == "mid_read":
+        return f"mid Kafka read ({where.get('activeTasksAtKill')} read task(s) running)"
+    if kind == "mid_merge":
+        return "MERGE files written, commit not"
+    if kind == "after_merge_commit":
+        return "after the MERGE commit, before Spark's offset commit"
+    last = where.get("lastEvent")
+    if last == "commit_written":
+        table = where.get("lastEventTable")
+        return ("after the MERGE commit, before Spark's offset commit" if table == "target"
+                else f"after the {table} commit, before the MERGE commit")
+    return PHASE_AFTER_EVENT.get(str(last), str(last))
+
+
+def life_line(life: Life) -> str:
+    where = life.killed_at or {}
+    what = (f"killed {where.get('kind')} in batch {where.get('batchId')} [{phase_of(where)}]"
+            if life.exit_code == -signal.SIGKILL else f"exit {life.exit_code}")
+    failed = [name for name, ok in life.checks.items() if not ok]
+    execs = "".join(f"; executor {e.get('executorId')} killed {e['kind']}@{e['batchId']}: "
+                    + (f"batch finished (executors then {e.get('executorsAfterBatch')})"
+                       if e["batchFinished"] else "batch NOT FINISHED")
+                    for e in life.executor_kills if e["event"] == "executor_killed")
+    return (f"life {life.index:2d}: {what}; batches {life.batches_started[:1]}..{life.batches_started[-1:]} "
+            f"txn {life.txn_after} spark commit {life.spark_commit_after}; resumed in {life.to_first_batch_s}s"
+            f"{', replay skipped' if life.first_batch_skipped else ''}{execs}"
+            f"{'; FAILED CHECKS ' + ','.join(failed) if failed else ''} ({life.seconds:.0f}s)")
+
+
+def summarize(args: argparse.Namespace, keys: int, records: list[cdc_generator.Record],
+              malformed: set[tuple[int, int]], plan: list[KillPlan], executor_plan: list[ExecutorPlan],
+              lives: list[Life], table: dict[str, Any], dead: dict[str, Any], twice: dict[str, list[str]],
+              complete: dict[str, bool], offsets_done: dict[int, int], ends: dict[int, int], app_id: str | None,
+              elapsed: float) -> dict[str, Any]:
+    killed = [life for life in lives if life.exit_code == -signal.SIGKILL and life.killed_at]
+    kinds = Counter(life.killed_at["kind"] for life in killed if life.killed_at)
+    executor_kills = [e for life in lives for e in life.executor_kills if e["event"] == "executor_killed"]
+    resumed = [life for life in lives[1:] if life.to_first_batch_s is not None]
+    failed_checks = [f"life {life.index}: {name}" for life in lives for name, ok in life.checks.items() if not ok]
+    died_alone = [life.index for life in lives if life.exit_code not in (0, -signal.SIGKILL)]
+    batches = (lives[-1].spark_commit_after + 1) if lives and lives[-1].spark_commit_after is not None else 0
+    ok = (table["lost"] == 0 and table["duplicated"] == 0 and table["wrong"] == 0
+          and dead["lost"] == 0 and dead["duplicated"] == 0 and dead["unexpected"] == 0
+          and not any(twice.values()) and all(complete.values()) and offsets_done == ends
+          and len(killed) >= args.kills and len(executor_kills) >= args.executor_kills
+          and not failed_checks and not died_alone and lives and lives[-1].exit_code == 0)
+    kill_records = []
+    for number, life in enumerate(killed, 1):
+        after = lives[life.index + 1] if life.index + 1 < len(lives) else None
+        where = life.killed_at or {}
+        kill_records.append({
+            "kill": number, "life": life.index, "kind": where.get("kind"), "phase": phase_of(where),
+            "plannedBatch": (life.kill or {}).get("batch"), "batch": where.get("batchId"), "detail": where,
+            "txnAfterKill": life.txn_after, "sparkCommitAfterKill": life.spark_commit_after,
+            "restartedAtBatch": after.first_batch if after else None,
+            "replaySkippedByTxn": after.first_batch_skipped if after else None,
+            "restartToFirstBatchS": after.to_first_batch_s if after else None,
+            "restartToFirstMergeS": after.to_first_merge_s if after else None})
+    checks = [ok for life in lives for ok in life.checks.values()]
+    return {
+        "verdict": "PASS" if ok else "FAIL",
+        "config": {"events": args.events, "keys": keys, "partitions": args.partitions, "seed": args.seed,
+                   "maxOffsetsPerTrigger": args.max_offsets_per_trigger, "master": args.master,
+                   "kills": args.kills, "executorKills": args.executor_kills},
+        "figures": {
+            "changeEvents": args.events, "kafkaRecords": len(records), "malformedRecords": len(malformed),
+            "batches": batches, "lives": len(lives), "kills": len(killed), "killsPlanned": len(plan),
+            "killsNotReached": [n for life in lives for n in life.notes if "never reached" in n],
+            "killsByKind": dict(sorted(kinds.items())),
+            "executorKills": len(executor_kills),
+            "executorKillsSurvived": sum(1 for e in executor_kills if e["batchFinished"]),
+            "executorKillsByKind": dict(Counter(e["kind"] for e in executor_kills)),
+            "livesThatDiedOnTheirOwn": died_alone,
+            "wallSeconds": round(elapsed, 1),
+            "meanSecondsToResume": round(statistics.mean(r.to_first_batch_s for r in resumed), 2) if resumed else None,
+            "meanSecondsToFirstMerge": round(statistics.mean(r.to_first_merge_s for r in resumed
+                                                             if r.to_first_merge_s is not None), 2)
+            if any(r.to_first_merge_s is not None for r in resumed) else None,
+            "replaysSkippedByTxn": sum(1 for life in lives if life.first_batch_skipped),
+            "finalRows": table["rows"], "expectedRows": table["expectedRows"],
+            "lost": table["lost"], "duplicated": table["duplicated"], "wrong": table["wrong"],
+        },
+        "table": table, "deadLetter": dead, "txnCommittedTwice": twice, "logsComplete": complete,
+        "finalOffsets": offsets_done, "topicEndOffsets": ends, "queryId": app_id,
+        "failedChecks": failed_checks,
+        "checksBetweenLives": {"passed": sum(checks), "failed": len(checks) - sum(checks)},
+        "killRecords": kill_records,
+        "executorKillRecords": executor_kills,
+        "executorPlan": [asdict(p) for p in executor_plan],
+        "lives": [asdict(life) for life in lives],
+        "plan": [asdict(k) for k in plan],
+    }
+
+
+def print_report(result: dict[str, Any]) -> None:
+    f = result["figures"]
+    print()
+    print(f"events: {f['changeEvents']} change events in {f['kafkaRecords']} Kafka records "
+          f"({f['malformedRecords']} malformed); batches: {f['batches']}; lives: {f['lives']}")
+    print(f"kills: {f['kills']} process-group SIGKILLs of {f['killsPlanned']} planned, by kind {f['killsByKind']}")
+    for note in f["killsNotReached"]:
+        print(f"  NOT DELIVERED: {note}")
+    for k in result["killRecords"]:
+        skipped = {True: "replay skipped by txn", False: "replay applied", None: "-"}[k["replaySkippedByTxn"]]
+        print(f"  #{k['kill']:2d} {k['kind']:<18} batch {k['batch']!s:>3} (planned >= {k['plannedBatch']!s:>3}): "
+              f"{k['phase']}; restart resumed at batch {k['restartedAtBatch']} in {k['restartToFirstBatchS']}s, "
+              f"{skipped}")
+    print(f"executor kills: {f['executorKills']} ({f['executorKillsByKind']}), job survived "
+          f"{f['executorKillsSurvived']}/{f['executorKills']}")
+    for e in result["executorKillRecords"]:
+        print(f"  executor {e.get('executorId')} (pid {e.get('pid')}) {e['kind']} in batch {e['batchId']}: "
+              f"{'batch finished' if e['batchFinished'] else 'batch NOT finished'} in the same life "
+              f"({e.get('batchSeconds')}s; sink reruns {e.get('sinkReruns')}, job re-stagings from Kafka "
+              f"{e.get('jobRestages')}; executors after: {e.get('executorsAfterBatch')})")
+    print(f"restarts: mean {f['meanSecondsToResume']}s to the first batch, {f['meanSecondsToFirstMerge']}s to "
+          f"the first merge; {f['replaysSkippedByTxn']} replays skipped by the Delta txn")
+    print(f"total wall time: {f['wallSeconds']:.0f}s ({f['wallSeconds'] / 60:.1f} min)")
+    print(f"final rows: {f['finalRows']} (expected {f['expectedRows']})")
+    d = result["deadLetter"]
+    print(f"dead letter: {d['rows']} rows, expected {d['expected']} (lost {d['lost']}, duplicated "
+          f"{d['duplicated']}, unexpected {d['unexpected']})")
+    print(f"txns committed twice: {result['txnCommittedTwice']}; Spark's final offsets "
+          f"{result['finalOffsets']} vs topic ends {result['topicEndOffsets']}")
+    c = result["checksBetweenLives"]
+    print(f"checks between lives (monotonic txn and Spark commits, resume point, replay skipped exactly "
+          f"when the txn is held, executor kills survived, no process outliving a kill): {c['passed']} passed, "
+          f"{c['failed']} failed")
+    if result["failedChecks"]:
+        print(f"FAILED CHECKS: {result['failedChecks']}")
+    if f["livesThatDiedOnTheirOwn"]:
+        print(f"lives that died on their own: {f['livesThatDiedOnTheirOwn']}")
+    t = result["table"]
+    if t["lost"] or t["duplicated"] or t["wrong"]:
+        print(f"lost keys {t['lostKeys']} duplicated keys {t['duplicatedKeys']} wrong keys {t['wrongKeys']} "
+              f"unexpected keys {t['unexpectedKeysSample']}")
+    print(f"{f['lost']} lost, {f['duplicated']} duplicated, {f['wrong']} wrong")
+    print(f"VERDICT: {result['verdict']}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    # The 21+ restarts dominate: each life costs ~25 s to its first batch and ~25 s for that
+    # (cold) batch on local-cluster here, a warm batch ~6 s. 1200 events / 40 per trigger
+    # (~36 batches) keeps a default run near 20 min on the 2-core machine of record.
+    parser.add_argument("--events", type=int, default=1200, help="change events (Kafka records: ~18 %% more)")
+    parser.add_argument("--keys", type=int, default=None, help="distinct keys (default events / 10)")
+    parser.add_argument("--partitions", type=int, default=2)
+    parser.add_argument("--max-offsets-per-trigger", type=int, default=40, help="Kafka records per batch at most")
+    parser.add_argument("--kills", type=int, default=20, help="process-group SIGKILLs (at least)")
+    parser.add_argument("--executor-kills", type=int, default=3, help="executor JVM SIGKILLs (local-cluster only)")
+    parser.add_argument("--master", default="local-cluster[2,1,1024]",
+                        help="Spark master of the job, e.g. 'local[2]' (no executor JVMs to kill)")
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--json", default=None, help="write the figures, kills and lives here as JSON")
+    parser.add_argument("--workdir", default=None, help="tables, checkpoint and each life's events and log "
+                        "(default: a temporary folder, removed after a PASS)")
+    parser.add_argument("--keep", action="store_true", help="keep the temporary folder after a PASS too")
+    args = parser.parse_args(argv)
+    if args.executor_kills and not args.master.startswith("local-cluster"):
+        parser.error(f"--executor-kills needs a local-cluster master (no executor JVMs under {args.master}); "
+                     "pass --executor-kills 0")
+    workdir = Path(args.workdir) if args.workdir else Path(tempfile.mkdtemp(prefix="soak_"))
+    workdir.mkdir(parents=True, exist_ok=True)
+    print(f"workdir {workdir}", flush=True)
+    result = run(args, workdir)
+    print_report(result)
+    if args.workdir is None and result["verdict"] == "PASS" and not args.keep:
+        shutil.rmtree(workdir, ignore_errors=True)
+    else:
+        print(f"kept {workdir} (tables, checkpoint, each life's events and log)")
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps(result, indent=2, default=str))
+    return 0 if result["verdict"] == "PASS" else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
