@@ -3,7 +3,12 @@
     python -m jobs.kafka_cdc_ingest --bootstrap-servers 127.0.0.1:9092 --topics db.public.orders \\
         --target /lake/orders --keys order_id --checkpoint /chk/orders --available-now
 
-Prints one progress line per batch with the merge metrics; SIGTERM/SIGINT stop the
+A whole database in one query (one table per topic, see ``jobs/_database.py``):
+
+    python -m jobs.kafka_cdc_ingest --bootstrap-servers 127.0.0.1:9092 \\
+        --subscribe-pattern 'dbserver1\\.inventory\\..*' --target-root /lake/inventory --checkpoint /chk/inventory
+
+Prints one progress line per batch (per table and batch) with the merge metrics; SIGTERM/SIGINT stop the
 query cleanly (the current batch finishes, offsets are committed). Where Spark's own
 Kafka connector is on the classpath, ``--source-format kafka`` uses it instead; the
 rest of the pipeline is the same.
@@ -17,7 +22,7 @@ import signal
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming import StreamingQuery
@@ -38,6 +43,9 @@ from streaming_merge.session import local_session
 from streaming_merge.table.append import append_rows
 from streaming_merge.table.location import resolve
 from streaming_merge.table.snapshot import load_snapshot
+
+if TYPE_CHECKING:
+    from jobs._database import DatabaseConfig
 
 log = logging.getLogger("jobs.kafka_cdc_ingest")  # a stable name under `python -m` too
 
@@ -176,12 +184,28 @@ def progress_line(progress: dict[str, Any]) -> str:
             f"{progress.get('durationMs', {}).get('total', 0)}ms")
 
 
-def parse_args(argv: list[str] | None) -> tuple[IngestConfig, str, dict[str, str]]:
-    parser = argparse.ArgumentParser(description="Ingest Debezium CDC topics into a Delta table, exactly once.")
+def parse_args(argv: list[str] | None) -> tuple[IngestConfig | DatabaseConfig, str, dict[str, str]]:
+    """The single-table config (``--topics``) or the multi-table one (``--subscribe-pattern``)."""
+    from jobs._database import DEBEZIUM_TOPIC_REGEX, DEFAULT_TABLE_PATH_TEMPLATE  # it imports this module
+
+    parser = argparse.ArgumentParser(description="Ingest Debezium CDC topics into Delta tables, exactly once: "
+                                     "--topics/--target/--keys for one table, --subscribe-pattern/--target-root "
+                                     "for a whole database (one table per topic).")
     parser.add_argument("--bootstrap-servers", required=True, help="Kafka bootstrap servers host:port[,...]")
-    parser.add_argument("--topics", required=True, help="comma-separated topics of ONE table's change events")
-    parser.add_argument("--target", required=True, help="Delta table path (created from the first batch)")
-    parser.add_argument("--keys", required=True, help="comma-separated primary key columns")
+    parser.add_argument("--topics", default=None, help="comma-separated topics of ONE table's change events")
+    parser.add_argument("--target", default=None, help="Delta table path (created from the first batch); with --topics")
+    parser.add_argument("--subscribe-pattern", default=None, help="regex of topic names (a whole database): each "
+                        "topic goes to its own table under --target-root")
+    parser.add_argument("--target-root", default=None, help="with --subscribe-pattern: root folder/URI of the tables, "
+                        "<root>/<schema>/<table> by Debezium's topic naming <prefix>.<schema>.<table>")
+    parser.add_argument("--table-path-template", default=None, help="with --subscribe-pattern: table path as a "
+                        "format string over {root}, {topic} and the --topic-regex groups "
+                        f"(default {DEFAULT_TABLE_PATH_TEMPLATE!r})")
+    parser.add_argument("--topic-regex", default=None, help="with --subscribe-pattern: regex with named groups over "
+                        f"the topic name (default Debezium's {DEBEZIUM_TOPIC_REGEX!r}); a topic that does not match "
+                        "goes to the dead letter")
+    parser.add_argument("--keys", default=None, help="comma-separated primary key columns (required with --topics; "
+                        "with --subscribe-pattern default: each table's Kafka record key fields)")
     parser.add_argument("--sequence", default="", help="extra leading sequence column(s) before the Debezium "
                         "position (e.g. a version column); default: source.lsn / ts_ms, partition, offset")
     parser.add_argument("--checkpoint", required=True, help="Spark checkpoint folder of this query")
@@ -210,9 +234,21 @@ def parse_args(argv: list[str] | None) -> tuple[IngestConfig, str, dict[str, str
     args = parser.parse_args(argv)
     storage_options = _key_values(parser, "--storage-option", args.storage_option)
     spark_conf = _key_values(parser, "--spark-conf", args.spark_conf)
+    keys = [k.strip() for k in (args.keys or "").split(",") if k.strip()]
+    if bool(args.topics) == bool(args.subscribe_pattern):
+        parser.error("give either --topics (one table: with --target and --keys) or --subscribe-pattern (a whole "
+                     "database: with --target-root), not " + ("both" if args.topics else "neither"))
+    if args.subscribe_pattern:
+        return _database_config(parser, args, keys, storage_options), args.master, spark_conf
+    for flag in ("target_root", "table_path_template", "topic_regex"):
+        if getattr(args, flag) is not None:
+            parser.error(f"--{flag.replace('_', '-')} routes the topics of --subscribe-pattern to their tables; "
+                         "with --topics give one --target")
+    if not args.target or not keys:
+        parser.error("--topics needs --target and --keys (one table)")
     return IngestConfig(
         bootstrap_servers=args.bootstrap_servers, topics=args.topics, target=args.target,
-        keys=[k.strip() for k in args.keys.split(",") if k.strip()], checkpoint=args.checkpoint,
+        keys=keys, checkpoint=args.checkpoint,
         dead_letter=args.dead_letter, row_schema=args.row_schema, available_now=args.available_now,
         processing_time=args.processing_time, max_offsets_per_trigger=args.max_offsets_per_trigger,
         starting_offsets=args.starting_offsets, on_malformed=args.on_malformed, source_format=args.source_format,
@@ -220,6 +256,34 @@ def parse_args(argv: list[str] | None) -> tuple[IngestConfig, str, dict[str, str
         storage_options=storage_options, ignore_null_updates=args.ignore_null_updates,
         unavailable_value=args.unavailable_value or None,
     ), args.master, spark_conf
+
+
+def _database_config(parser: argparse.ArgumentParser, args: argparse.Namespace, keys: list[str],
+                     storage_options: dict[str, str]) -> DatabaseConfig:
+    from jobs._database import DEBEZIUM_TOPIC_REGEX, DEFAULT_TABLE_PATH_TEMPLATE, DatabaseConfig
+
+    if args.target:
+        parser.error("--target names one table; with --subscribe-pattern give --target-root (and "
+                     "--table-path-template for another layout)")
+    if args.row_schema:
+        parser.error("--row-schema is one table's; with --subscribe-pattern each table takes its schema from the "
+                     "table, the Debezium schema or its first batch")
+    config = DatabaseConfig(
+        bootstrap_servers=args.bootstrap_servers, subscribe_pattern=args.subscribe_pattern,
+        target_root=args.target_root, checkpoint=args.checkpoint, keys=keys,
+        table_path_template=args.table_path_template or DEFAULT_TABLE_PATH_TEMPLATE,
+        topic_regex=args.topic_regex or DEBEZIUM_TOPIC_REGEX, dead_letter=args.dead_letter,
+        available_now=args.available_now, processing_time=args.processing_time,
+        max_offsets_per_trigger=args.max_offsets_per_trigger, starting_offsets=args.starting_offsets,
+        on_malformed=args.on_malformed, source_format=args.source_format,
+        extra_sequence=[s.strip() for s in args.sequence.split(",") if s.strip()],
+        storage_options=storage_options, ignore_null_updates=args.ignore_null_updates,
+        unavailable_value=args.unavailable_value or None)
+    try:
+        config.router()
+    except ValueError as exc:
+        parser.error(str(exc))
+    return config
 
 
 def _key_values(parser: argparse.ArgumentParser, flag: str, items: list[str]) -> dict[str, str]:
@@ -238,7 +302,12 @@ def main(argv: list[str] | None = None) -> int:
     logging.getLogger("py4j").setLevel(logging.WARNING)
     logging.getLogger("kafka").setLevel(logging.WARNING)
     spark = local_session("kafka_cdc_ingest", master, extra_conf=spark_conf)
-    query = start(spark, config)
+    if isinstance(config, IngestConfig):
+        query = start(spark, config)
+    else:
+        from jobs._database import start_database  # it imports this module
+
+        query = start_database(spark, config)
 
     def stop(signum: int, _: Any) -> None:
         log.info("Signal %d: stopping the query after the current batch", signum)
