@@ -281,7 +281,7 @@ class DatabaseBatches:
         self._on_progress = on_progress
         self._on_table_progress = on_table_progress
         self.sinks: dict[str, MergeSink] = {}
-        self._sink_keys: dict[str, tuple[str, ...]] = {}
+        self.table_keys: dict[str, tuple[str, ...]] = {}  # table path → the keys its sink merges by
         self._owners: dict[str, str] = {}  # table path → the topic routed there in this process
 
     def __call__(self, records: DataFrame, batch_id: int) -> None:
@@ -387,16 +387,16 @@ class DatabaseBatches:
                     f"{app_id}:malformed", batch_id)
 
     def _sink(self, path: str, keys: tuple[str, ...]) -> MergeSink:
-        if self._sink_keys.get(path) != keys:
-            if path in self._sink_keys:
+        if self.table_keys.get(path) != keys:
+            if path in self.table_keys:
                 log.warning("Table %s: keys change from %s to %s (the topic's record keys changed)", path,
-                            list(self._sink_keys[path]), list(keys))
+                            list(self.table_keys[path]), list(keys))
             config = self.config
             self.sinks[path] = MergeSink(
                 path, keys=list(keys), sequence_by=[*config.extra_sequence, *debezium.SEQUENCE_COLUMNS],
                 delete_when=debezium.DELETE_WHEN, storage_options=config.storage_options,
                 ignore_null_updates=config.ignore_null_updates, unavailable_value=config.unavailable_value)
-            self._sink_keys[path] = keys
+            self.table_keys[path] = keys
         return self.sinks[path]
 
     def _merge(self, spark: SparkSession, table: _Table, batch_id: int) -> dict[str, Any]:
