@@ -17,10 +17,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 from pyspark.sql import Column, DataFrame, Observation, Window
 from pyspark.sql import functions as F
+from pyspark.sql.types import StructType
 
 from streaming_merge.errors import MergeAnalysisError, MultipleSourceRowMatchingTargetRowError
 
@@ -28,6 +29,7 @@ DELETE_FLAG = "__sm_is_delete__"
 NULL_KEY_FLAG = "__sm_null_key__"
 ORDER_COL = "__sm_batch_order__"
 SEQUENCE_COL = "__sm_sequence__"
+TRUNCATE_FLAG = "__sm_is_truncate__"
 RESET_COL = "__sm_reset_seq__"  # partial updates: sequence of the batch's last delete of the key
 PROVIDER_PREFIX = "__sm_from__"  # partial updates: sequence of the event a column's value came from
 Dedupe = Literal["last", "error"]
@@ -46,6 +48,10 @@ class CdcSpec:
     # column (unavailable_value) means "unchanged" and never overwrites the table's value.
     ignore_null_updates: bool = False
     unavailable_value: str | None = None
+    # Rows for which this is true truncate the table as of their sequence value (they carry no key).
+    truncate_when: str | Column | None = None
+    # SCD type 2 keeps every event of a key (one per sequence value), not only the newest.
+    keep_all_events: bool = False
 
     @property
     def partial(self) -> bool:
@@ -95,6 +101,21 @@ class CdcSpec:
         """The columns a partial update may leave unchanged: all but keys, sequence, internal."""
         fixed = {c.lower() for c in [*self.keys, *self.sequence_by]}
         return [c for c in columns if c.lower() not in fixed and not c.startswith("__sm_")]
+
+    def sequence_literal(self, value: Any, schema: StructType) -> Column:
+        """A sequence value observed on the driver (a scalar, or a Row for several columns)
+        as a typed literal of the sequence's form, to compare with the table's columns."""
+        types = {f.name.lower(): f.dataType for f in schema.fields}
+        if len(self.sequence_by) == 1:
+            return F.lit(value).cast(types[self.sequence_by[0].lower()])
+        return F.struct(*[F.lit(part).cast(types[name.lower()]).alias(name)
+                          for name, part in zip(self.sequence_by, value, strict=True)])
+
+    def sequence_of(self, alias: str) -> Column:
+        """The sequence of the rows of the table aliased ``alias`` (as ``sequence`` forms it)."""
+        if len(self.sequence_by) == 1:
+            return F.col(f"{alias}.`{self.sequence_by[0]}`")
+        return F.struct(*[F.col(f"{alias}.`{c}`").alias(c) for c in self.sequence_by])
 
     def sequence(self) -> Column:
         """One orderable value for the event's position (a struct for several columns)."""
@@ -156,25 +177,6 @@ def null_key_filter(spec: CdcSpec) -> Column:
     return condition
 
 
-def prepare(batch: DataFrame, spec: CdcSpec) -> DataFrame:
-    """One event per key (newest wins), with the DELETE_FLAG column; NULL-key rows removed."""
-    spec.check_columns(batch.columns)
-    is_delete = F.coalesce(F.expr(spec.delete_when) if isinstance(spec.delete_when, str) else spec.delete_when,
-                           F.lit(False)) if spec.delete_when is not None else F.lit(False)
-    rows = batch.filter(~null_key_filter(spec)).withColumn(DELETE_FLAG, is_delete)
-    if spec.dedupe == "error":
-        _fail_on_duplicates(rows, spec)
-        return rows
-    rows = rows.withColumn(ORDER_COL, F.monotonically_increasing_id())
-    order: list[Column] = []
-    if spec.sequence_by:
-        order.append(spec.sequence().desc_nulls_last())
-    order.append(F.col(ORDER_COL).desc())
-    window = Window.partitionBy(*[F.col(f"`{k}`") for k in spec.keys]).orderBy(*order)
-    return (rows.withColumn("__sm_rank__", F.row_number().over(window))
-            .filter(F.col("__sm_rank__") == 1).drop("__sm_rank__", ORDER_COL))
-
-
 @dataclass(frozen=True)
 class PreparedBatch:
     """A micro-batch ready to be materialized in one job: one event per key plus the rows
@@ -192,22 +194,38 @@ class PreparedBatch:
 
 
 def prepare_observed(batch: DataFrame, spec: CdcSpec, partitions: int) -> PreparedBatch:
-    """``prepare`` as one plan whose counts and key ranges are observed while it runs.
+    """One event per key (the newest), delete events flagged, as one plan whose counts and
+    key ranges are observed while it runs.
 
     The NULL-key rows stay in the frame (flagged) instead of being filtered in a second
     read of the batch, and the batch is hash-partitioned on the keys once, which is the
     partitioning the newest-per-key window needs.
     """
     spec.check_columns(batch.columns)
-    is_delete = F.coalesce(F.expr(spec.delete_when) if isinstance(spec.delete_when, str) else spec.delete_when,
-                           F.lit(False)) if spec.delete_when is not None else F.lit(False)
+    is_delete = _flag(spec.delete_when)
+    is_truncate = _flag(spec.truncate_when)
     counts, stats = Observation(), Observation()
-    rows = (batch.withColumn(NULL_KEY_FLAG, null_key_filter(spec)).withColumn(DELETE_FLAG, is_delete)
-            .observe(counts, F.count(F.lit(1)).alias("rows"),
-                     F.count(F.when(F.col(NULL_KEY_FLAG), 1)).alias("nullKeys"),
-                     F.count(F.when(F.col(DELETE_FLAG), 1)).alias("deletes")))
+    observed = [F.count(F.lit(1)).alias("rows"), F.count(F.when(F.col(NULL_KEY_FLAG), 1)).alias("nullKeys"),
+                F.count(F.when(F.col(DELETE_FLAG), 1)).alias("deletes")]
+    if spec.truncate_when is not None:
+        if not spec.sequence_by:
+            raise ValueError("apply_as_truncates needs sequence_by: a truncate applies as of its sequence value")
+        observed.append(F.collect_list(F.when(F.col(TRUNCATE_FLAG), spec.sequence())).alias("truncates"))
+    rows = (batch.withColumn(TRUNCATE_FLAG, is_truncate)
+            .withColumn(NULL_KEY_FLAG, null_key_filter(spec) & ~F.col(TRUNCATE_FLAG))
+            .withColumn(DELETE_FLAG, is_delete & ~F.col(TRUNCATE_FLAG))
+            .observe(counts, *observed)
+            .filter(~F.col(TRUNCATE_FLAG)).drop(TRUNCATE_FLAG))
     keys = [F.col(f"`{k}`") for k in spec.keys]
-    if spec.partial:
+    if spec.keep_all_events:
+        # SCD 2: every event is a version; only re-sends of one (key, sequence value) collapse,
+        # to the last in batch order.
+        window = Window.partitionBy(*keys, spec.sequence()).orderBy(F.col(ORDER_COL).desc())
+        kept = (rows.withColumn(ORDER_COL, F.monotonically_increasing_id())
+                .repartition(partitions, *keys)
+                .withColumn("__sm_rank__", F.row_number().over(window))
+                .filter(F.col(NULL_KEY_FLAG) | (F.col("__sm_rank__") == 1)).drop("__sm_rank__", ORDER_COL))
+    elif spec.partial:
         if spec.dedupe == "error":
             _fail_on_duplicates(rows.filter(~F.col(NULL_KEY_FLAG)), spec)
         kept = _fold_partial(rows, spec, partitions)
@@ -229,6 +247,33 @@ def prepare_observed(batch: DataFrame, spec: CdcSpec, partitions: int) -> Prepar
     for i, key in enumerate(keys):
         aggregates += [F.min(F.when(valid, key)).alias(f"lo{i}"), F.max(F.when(valid, key)).alias(f"hi{i}")]
     return PreparedBatch(kept.observe(stats, *aggregates), counts, stats)
+
+
+def _flag(condition: str | Column | None) -> Column:
+    """A boolean column from a SQL condition or Column (NULL counts as false)."""
+    if condition is None:
+        return F.lit(False)
+    return F.coalesce(F.expr(condition) if isinstance(condition, str) else condition, F.lit(False))
+
+
+def forget_truncated(events: DataFrame, spec: CdcSpec, truncated_at: Column) -> DataFrame:
+    """The prepared events minus what a truncate at ``truncated_at`` erased: events at or
+    before it go, and for partial updates the values taken from such events are forgotten and
+    the row starts afresh (the truncate acts as a delete of every key)."""
+    kept = events.filter(spec.sequence() > truncated_at)
+    if not spec.partial:
+        return kept
+    data = set(spec.data_columns(events.columns))
+    columns = []
+    for column in events.columns:
+        value = F.col(f"`{column}`")
+        if column in data or column.startswith(PROVIDER_PREFIX):
+            provider = column if column.startswith(PROVIDER_PREFIX) else f"{PROVIDER_PREFIX}{column}"
+            value = F.when(F.col(f"`{provider}`") > truncated_at, value)
+        elif column == RESET_COL:
+            value = F.greatest(value, truncated_at)
+        columns.append(value.alias(column))
+    return kept.select(*columns)
 
 
 def _fold_partial(rows: DataFrame, spec: CdcSpec, partitions: int) -> DataFrame:

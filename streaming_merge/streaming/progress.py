@@ -43,6 +43,8 @@ class MergeProgress:
     extra: Mapping[str, Any] = field(default_factory=dict)
     # The auto compaction run after this batch's MERGE (MergeSink(auto_compact=...)), else None.
     compaction: Mapping[str, Any] | None = None
+    # Truncate events applied by this batch (MergeSink(apply_as_truncates=...)).
+    numTruncates: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)

@@ -16,8 +16,9 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from pyspark.sql import DataFrame, Observation, SparkSession
+from pyspark.sql import Column, DataFrame, Observation, SparkSession
 from pyspark.sql import functions as F
+from pyspark.sql.types import StructType
 
 from streaming_merge.delta_table import DeltaTable
 from streaming_merge.errors import (
@@ -45,10 +46,21 @@ from streaming_merge.streaming.cdc import (
     CdcSpec,
     ColumnSelection,
     Dedupe,
+    forget_truncated,
     prepare_observed,
 )
 from streaming_merge.streaming.compaction import AutoCompact, run_auto_compaction
 from streaming_merge.streaming.progress import MergeProgress, ProgressLog
+from streaming_merge.streaming.scd2 import (
+    ACTION,
+    END_AT,
+    START_AT,
+    TrackHistory,
+    check_table_columns,
+    current_rows,
+    history_changes,
+    truncate_spans,
+)
 from streaming_merge.streaming.tombstones import Tombstones
 from streaming_merge.table.append import append_rows
 from streaming_merge.table.location import TableLocation, resolve
@@ -64,6 +76,31 @@ def _as_list(value: str | Sequence[str] | None) -> list[str]:
     if value is None:
         return []
     return [value] if isinstance(value, str) else list(value)
+
+
+def _check_history_options(scd_type: int, keys: Sequence[str], sequence_by: Sequence[str],
+                           clauses: ClauseBuilder | None, partial: bool, schema_evolution: bool,
+                           track_list: Sequence[str] | None, track_except: Sequence[str] | None,
+                           truncates: str | Column | None) -> None:
+    """Refuse option combinations SCD 2 and truncates cannot honour, before anything is written."""
+    if scd_type not in (1, 2):
+        raise ValueError(f"scd_type must be 1 or 2, got {scd_type!r}")
+    if scd_type == 1 and (track_list is not None or track_except is not None):
+        raise ValueError("track_history_column_list / track_history_except_column_list need scd_type=2")
+    if scd_type == 2:
+        if not keys or not sequence_by:
+            raise ValueError("scd_type=2 needs keys=[...] and sequence_by=...: the history is ordered by the "
+                             "sequence values of each key's events")
+        for given, name in ((clauses, "clauses"), (partial, "ignore_null_updates / unavailable_value"),
+                            (schema_evolution, "schema_evolution")):
+            if given:
+                raise ValueError(f"scd_type=2 cannot be combined with {name} (not supported yet)")
+    if truncates is not None:
+        if not keys or not sequence_by:
+            raise ValueError("apply_as_truncates needs keys=[...] and sequence_by=...: a truncate applies as of "
+                             "its sequence value")
+        if clauses is not None:
+            raise ValueError("apply_as_truncates cannot be combined with custom clauses")
 
 
 class MergeSink:
@@ -99,6 +136,10 @@ class MergeSink:
         except_column_list: Sequence[str] | None = None,
         ignore_null_updates: bool = False,
         unavailable_value: str | None = None,
+        scd_type: int = 1,
+        track_history_column_list: Sequence[str] | None = None,
+        track_history_except_column_list: Sequence[str] | None = None,
+        apply_as_truncates: str | Column | None = None,
     ) -> None:
         key_list = _as_list(keys)
         if not key_list and condition is None:
@@ -117,8 +158,15 @@ class MergeSink:
         if partial and schema_evolution:
             raise ValueError("ignore_null_updates / unavailable_value cannot be combined with schema_evolution yet "
                              "(their MERGE assigns columns one by one, which does not add new columns)")
-        self._spec = CdcSpec(key_list, _as_list(sequence_by), delete_when, dedupe, ignore_null_updates,
-                             unavailable_value) if key_list else None
+        sequence_list = _as_list(sequence_by)
+        _check_history_options(scd_type, key_list, sequence_list, clauses, partial, schema_evolution,
+                               track_history_column_list, track_history_except_column_list, apply_as_truncates)
+        self._scd_type = scd_type
+        self._track = TrackHistory(track_history_column_list, track_history_except_column_list)
+        self._spec = CdcSpec(key_list, sequence_list, delete_when, dedupe, ignore_null_updates,
+                             unavailable_value, apply_as_truncates, keep_all_events=scd_type == 2
+                             ) if key_list else None
+        self._recorded_truncates: set[Any] | None = None  # cached: this sink is the tombstone table's writer
         self._condition = condition or (self._spec.key_condition() if self._spec else "")
         self._selection = ColumnSelection(
             column_list, except_column_list,
@@ -217,7 +265,7 @@ class MergeSink:
             materialize_ms = _ms(materialize_started)
             if self._phase_hook:
                 self._phase_hook("after_materialize", batch)
-            num_input, null_keys, delete_events = counts
+            num_input, null_keys, delete_events, truncate_values = counts
             if num_input == 0:
                 self._report(MergeProgress(
                     batchId=batch_id, appId=app_id, tableVersion=None, skipped=False, attempts=attempt,
@@ -238,22 +286,37 @@ class MergeSink:
             tombstones_started = time.monotonic()
             merge_stats: SourceStats | None = stats
             filtered = None
-            if self._tombstones is not None:
+            batch_events = source
+            tombstone_snapshot: Snapshot | None = None
+            if self._tombstones is not None and self._scd_type == 2:
+                tombstone_snapshot = self._tombstones.snapshot()
+            elif self._tombstones is not None:
                 tombstone_snapshot = self._tombstones.snapshot()
                 filtered = self._tombstones.without_late(spark, source, stats.ranges, tombstone_snapshot)
                 if filtered is not None:
                     source, merge_stats = filtered, None  # the MERGE materializes it and counts what is left
+            truncates = self._truncates(spark, truncate_values, tombstone_snapshot, source.schema)
+            batch_truncates = [self._spec.sequence_literal(v, source.schema) for v in sorted(truncate_values)] \
+                if self._spec is not None else []
+            if self._scd_type == 2:
+                source, merge_stats = self._history_changes(spark, source, stats, snapshot, truncates,
+                                                            tombstone_snapshot)
+            elif truncates:
+                source, merge_stats = forget_truncated(source, self._spec, truncates[-1]), None
             self._ensure_table(spark, source)
-            if self._tombstones is not None and delete_events:
-                self._tombstones.record(spark, source, app_id, batch_id, tombstone_snapshot)
+            if self._tombstones is not None and (delete_events or truncate_values):
+                self._tombstones.record(spark, source if self._scd_type == 1 else batch_events, app_id, batch_id,
+                                        tombstone_snapshot, batch_truncates)
             tombstones_ms = _ms(tombstones_started)
             execute_started = time.monotonic()
-            metrics = self._merge(spark, source, app_id, batch_id, merge_stats, snapshot)
+            metrics = self._merge(spark, source, app_id, batch_id, merge_stats, snapshot, batch_truncates)
             execute_ms = _ms(execute_started)
+            if self._recorded_truncates is not None:
+                self._recorded_truncates.update(truncate_values)
         finally:
             release(batch)
-        late = stats.rows - int(metrics["numSourceRows"] or 0) if filtered is not None and not metrics["skipped"] \
-            else 0
+        late = stats.rows - int(metrics["numSourceRows"] or 0) \
+            if filtered is not None and not truncate_values and not metrics["skipped"] else 0
         merge_ms = int(metrics["scanTimeMs"] or 0) + int(metrics["rewriteTimeMs"] or 0)
         compaction = (run_auto_compaction(spark, self._auto_compact, batch_id, snapshot, location)
                       if self._auto_compact is not None and not metrics["skipped"] else None)
@@ -264,24 +327,29 @@ class MergeSink:
             durationMs={"materialize": materialize_ms, "tombstones": tombstones_ms,
                         "merge": merge_ms, "commit": max(0, execute_ms - merge_ms), "total": _ms(started)},
             metrics={name: int(metrics[name] or 0) for name in DELTA_METRICS},
-            timestamp=_now(), target=self.target, deadLetterRows=dead_letter_rows, compaction=compaction))
+            timestamp=_now(), target=self.target, deadLetterRows=dead_letter_rows, compaction=compaction,
+            numTruncates=len(truncate_values)))
 
     def _materialize(self, spark: SparkSession, batch_df: DataFrame, level: str
-                     ) -> tuple[DataFrame, tuple[int, int, int], SourceStats]:
+                     ) -> tuple[DataFrame, tuple[int, int, int, list[Any]], SourceStats]:
         """The batch, prepared (one event per key, NULL-key rows flagged), checkpointed in one
         job that also observes (rows, NULL-key rows, delete events) and the key ranges."""
         if self._spec is None:
             observation = Observation()
             frame, _ = materialize(batch_df.observe(observation, F.count(F.lit(1)).alias("rows")), level)
             rows = int(observation.get.get("rows") or 0)
-            return frame, (rows, 0, 0), SourceStats(rows, {})
+            return frame, (rows, 0, 0, []), SourceStats(rows, {})
         prepared = prepare_observed(batch_df, self._spec, max(1, int(spark.sparkContext.defaultParallelism)))
         frame, _ = materialize(prepared.frame, level)
-        counts = {k: int(v or 0) for k, v in prepared.counts.get.items()}
         stats = source_stats_of(prepared.stats.get, list(self._spec.keys))
-        # One event per key either way: "last" keeps the newest, "error" refuses duplicates.
-        stats = dataclasses.replace(stats, unique_keys=tuple(self._spec.keys))
-        return frame, (counts["rows"], counts["nullKeys"], counts["deletes"]), stats
+        # One event per key either way: "last" keeps the newest, "error" refuses duplicates
+        # (SCD 2 keeps several, but its MERGE source is built from them later).
+        if self._scd_type == 1:
+            stats = dataclasses.replace(stats, unique_keys=tuple(self._spec.keys))
+        observed = prepared.counts.get
+        truncates = [v for v in observed.get("truncates") or [] if v is not None]
+        return frame, (int(observed["rows"] or 0), int(observed["nullKeys"] or 0), int(observed["deletes"] or 0),
+                       truncates), stats
 
     def _resolve_app_id(self, spark: SparkSession) -> str:
         if self._app_id:
@@ -294,9 +362,18 @@ class MergeSink:
         return query_id
 
     def _merge(self, spark: SparkSession, source: DataFrame, app_id: str, batch_id: int,
-               stats: SourceStats | None, snapshot: Snapshot | None) -> MergeMetrics:
-        builder = DeltaTable(spark, self._bind(spark), "t").merge(source.alias("s"), self._condition)
-        builder = self._clauses(builder) if self._clauses else self._upsert(builder, source.columns)
+               stats: SourceStats | None, snapshot: Snapshot | None, truncates: Sequence[Column]) -> MergeMetrics:
+        table = DeltaTable(spark, self._bind(spark), "t")
+        if self._scd_type == 2:
+            builder = self._history_upsert(table.merge(source.alias("s"), self._history_condition()), source.columns,
+                                           truncates)
+        else:
+            builder = table.merge(source.alias("s"), self._condition)
+            builder = self._clauses(builder) if self._clauses else self._upsert(builder, source.columns)
+            if truncates:  # rows at or before the batch's newest truncate, of keys the batch does not touch
+                assert self._spec is not None
+                row = self._spec.sequence_of("t")
+                builder = builder.whenNotMatchedBySourceDelete(condition=row.isNull() | (row <= truncates[-1]))
         # The batch is materialized once, above, with its statistics; a tombstone-filtered
         # source (stats None) is materialized by the MERGE, which counts what is left.
         options: dict[str, Any] = {f.name: getattr(self._merge_options, f.name)
@@ -343,6 +420,60 @@ class MergeSink:
                 .whenMatchedDelete(condition=f"s.`{DELETE_FLAG}`{guard}")
                 .whenMatchedUpdate(condition=f"NOT s.`{DELETE_FLAG}`{guard}", set=assignments)
                 .whenNotMatchedInsert(condition=f"NOT s.`{DELETE_FLAG}`", values=values))
+
+    def _history_condition(self) -> str:
+        return f"{self._condition} AND t.`{START_AT}` = s.`{START_AT}`"
+
+    def _history_upsert(self, builder: DeltaMergeBuilder, source_columns: Sequence[str],
+                        truncates: Sequence[Column]) -> DeltaMergeBuilder:
+        """SCD 2: apply the history rows ``scd2.history_changes`` computed; with a truncate in the
+        batch, also close the current row of every key the batch does not touch."""
+        assert self._spec is not None
+        columns = [c for c in source_columns if c != ACTION]
+        changed = [c for c in columns if c not in {*self._spec.keys, START_AT}]
+        builder = (builder
+                   .whenMatchedDelete(condition=f"s.`{ACTION}` = 'D'")
+                   .whenMatchedUpdate(condition=f"s.`{ACTION}` = 'U'", set={f"`{c}`": f"s.`{c}`" for c in changed})
+                   .whenNotMatchedInsert(condition=f"s.`{ACTION}` = 'I'",
+                                         values={f"`{c}`": f"s.`{c}`" for c in columns}))
+        if truncates:
+            spans, new_end = truncate_spans(truncates)
+            builder = builder.whenNotMatchedBySourceUpdate(condition=spans, set={f"`{END_AT}`": new_end})
+        return builder
+
+    def _history_changes(self, spark: SparkSession, events: DataFrame, stats: SourceStats,
+                         snapshot: Snapshot | None, truncates: Sequence[Column],
+                         tombstone_snapshot: Snapshot | None) -> tuple[DataFrame, None]:
+        """SCD 2: the MERGE source, the history rows to insert/update/delete for the batch's keys
+        (materialized by the MERGE, which observes its statistics)."""
+        spec = self._spec
+        assert spec is not None
+        columns = [c for c in events.columns if not c.startswith("__sm_")]
+        current = None
+        if snapshot is not None:
+            check_table_columns(snapshot.schema, columns, self.target)
+            current = current_rows(spark, snapshot, stats.ranges, spec.keys, events)
+        deletes = None
+        if self._tombstones is not None:
+            overlapping = self._tombstones.overlapping(spark, tombstone_snapshot, stats.ranges)
+            if overlapping is not None:
+                deletes = overlapping.join(events.select(*[F.col(f"`{k}`") for k in spec.keys]).distinct(),
+                                           list(spec.keys), "left_semi")
+        tracked = self._track.tracked(spec, columns)
+        return history_changes(spec, tracked, events, current, deletes, truncates), None
+
+    def _truncates(self, spark: SparkSession, batch_values: Sequence[Any], tombstone_snapshot: Snapshot | None,
+                   schema: StructType) -> list[Column]:
+        """Every truncate to apply to this batch, oldest first, as literals: the batch's own and,
+        with tombstones, those recorded by earlier batches (read once per sink, then kept)."""
+        if self._spec is None or self._spec.truncate_when is None:
+            return []
+        values = set(batch_values)
+        if self._tombstones is not None:
+            if self._recorded_truncates is None:
+                self._recorded_truncates = set(self._tombstones.recorded_truncates(spark, tombstone_snapshot))
+            values |= self._recorded_truncates
+        return [self._spec.sequence_literal(v, schema) for v in sorted(values)]
 
     def _route_null_keys(self, spark: SparkSession, batch: DataFrame, batch_id: int, app_id: str,
                          count: int) -> int:

@@ -12,10 +12,11 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
+from urllib.parse import unquote
 
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from streaming_merge.delta_table import DeltaTable
@@ -60,6 +61,22 @@ class Tombstones:
         The result is a lazy anti join against the overlapping tombstone files only, for the
         MERGE to materialize together with its own source statistics.
         """
+        overlapping = self.overlapping(spark, snapshot, key_ranges)
+        if overlapping is None:
+            return None
+        keys = [F.col(f"`{k}`") for k in self._spec.keys]
+        partitions = max(1, int(spark.sparkContext.defaultParallelism))
+        tombstones = overlapping.repartition(partitions, *keys).alias("d").hint("shuffle_hash")
+        if self._spec.partial:
+            return self._without_late_values(events, tombstones, keys, partitions)
+        condition = (F.expr(" AND ".join(f"e.`{k}` = d.`{k}`" for k in self._spec.keys))
+                     & ~F.col(f"e.`{DELETE_FLAG}`") & ~F.expr(self._newer_than_tombstone()))
+        return events.repartition(partitions, *keys).alias("e").join(tombstones, condition, "left_anti")
+
+    def overlapping(self, spark: SparkSession, snapshot: Snapshot | None,
+                    key_ranges: Mapping[str, tuple[Any, Any]]) -> DataFrame | None:
+        """The tombstones (keys and sequence columns) of the files whose key stats overlap the
+        batch's key range, lazily; None when no file can hold one of the batch's keys."""
         if snapshot is None or not any(f.num_records for f in snapshot.files):
             return None
         scope = ColumnScope("d", "e", self._columns, self._columns)
@@ -68,15 +85,29 @@ class Tombstones:
             spark, snapshot, [f for f in snapshot.files if f.num_records])
         if not files:
             return None
-        keys = [F.col(f"`{k}`") for k in self._spec.keys]
-        partitions = max(1, int(spark.sparkContext.defaultParallelism))
-        tombstones = (scan_files(spark, snapshot, files).select(*[F.col(f"`{c}`") for c in self._columns])
-                      .repartition(partitions, *keys).alias("d").hint("shuffle_hash"))
-        if self._spec.partial:
-            return self._without_late_values(events, tombstones, keys, partitions)
-        condition = (F.expr(" AND ".join(f"e.`{k}` = d.`{k}`" for k in self._spec.keys))
-                     & ~F.col(f"e.`{DELETE_FLAG}`") & ~F.expr(self._newer_than_tombstone()))
-        return events.repartition(partitions, *keys).alias("e").join(tombstones, condition, "left_anti")
+        return (scan_files(spark, snapshot, files).select(*[F.col(f"`{c}`") for c in self._columns])
+                .filter(F.col(f"`{self._spec.keys[0]}`").isNotNull()))
+
+    def recorded_truncates(self, spark: SparkSession, snapshot: Snapshot | None) -> list[Any]:
+        """The sequence values of the truncates recorded so far (rows whose keys are NULL).
+        Read only from the files whose stats say they may hold a NULL key, so a table that
+        never saw a truncate costs no Spark job."""
+        if snapshot is None:
+            return []
+        column = f"null_count.{self._spec.keys[0]}"
+        if column in snapshot.stats.column_names:
+            nulls = snapshot.stats.column(column).to_pylist()
+            paths = {unquote(p) for p, n in zip(snapshot.stats.column("path").to_pylist(), nulls, strict=True)
+                     if n is None or n > 0}
+            files = [f for f in snapshot.files if f.path in paths]
+        else:
+            files = list(snapshot.files)
+        if not files:
+            return []
+        sequence = self._spec.sequence()
+        rows = (scan_files(spark, snapshot, files).filter(F.col(f"`{self._spec.keys[0]}`").isNull())
+                .select(sequence.alias("at")).distinct().collect())
+        return sorted(row["at"] for row in rows)
 
     def _without_late_values(self, events: DataFrame, tombstones: DataFrame, keys: list[Any],
                              partitions: int) -> DataFrame:
@@ -102,15 +133,26 @@ class Tombstones:
         return kept.select(*columns)
 
     def record(self, spark: SparkSession, events: DataFrame, app_id: str, batch_id: int,
-               snapshot: Snapshot | None = None) -> None:
-        """Append this batch's deletes (idempotent through txn(app_id, batch_id)).
+               snapshot: Snapshot | None = None, truncates: Sequence[Column] = ()) -> None:
+        """Append this batch's deletes, and its truncates as rows with NULL keys (idempotent
+        through txn(app_id, batch_id)).
 
         An append rather than an upsert: one file write and a commit, no join. Several
         tombstones of one key are harmless, since a late event is dropped when *any*
-        tombstone of its key is at least as new.
+        tombstone of its key is at least as new. Truncate rows are never purged: they are
+        few, and a late event older than a truncate must stay dropped.
         """
         deletes = events.filter(F.col(f"`{DELETE_FLAG}`")).select(
             *[F.col(f"`{c}`") for c in self._columns], F.current_timestamp().alias(DELETED_AT))
+        types = dict(deletes.dtypes)
+        for value in truncates:
+            fields = [F.lit(None).cast(types[k]).alias(k) for k in self._spec.keys]
+            if len(self._spec.sequence_by) == 1:
+                fields.append(value.alias(self._spec.sequence_by[0]))
+            else:
+                fields += [value.getField(c).alias(c) for c in self._spec.sequence_by]
+            deletes = deletes.unionByName(
+                spark.range(1).select(*fields, F.current_timestamp().alias(DELETED_AT)))
         append_rows(spark, deletes, self.path, app_id, batch_id, snapshot)
         if self._purge_every and batch_id > 0 and batch_id % self._purge_every == 0:
             self.purge(spark)
