@@ -237,7 +237,7 @@ def parse_args(argv: list[str] | None) -> tuple[IngestConfig | DatabaseConfig, s
     keys = [k.strip() for k in (args.keys or "").split(",") if k.strip()]
     if bool(args.topics) == bool(args.subscribe_pattern):
         parser.error("give either --topics (one table: with --target and --keys) or --subscribe-pattern (a whole "
-                     "database: with --target-root), not " + ("both" if args.topics else "neither"))
+                     "database: with --target-root)" + (", not both" if args.topics else ""))
     if args.subscribe_pattern:
         return _database_config(parser, args, keys, storage_options), args.master, spark_conf
     for flag in ("target_root", "table_path_template", "topic_regex"):
