@@ -45,7 +45,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.streaming import StreamingQuery
 from pyspark.sql.types import StringType, StructField, StructType
 
-from jobs.kafka_cdc_ingest import MalformedRecordsError, progress_line
+from jobs.kafka_cdc_ingest import MalformedRecordsError, change_options, progress_line, row_columns
 from streaming_merge import MergeSink
 from streaming_merge.errors import StreamingMergeError
 from streaming_merge.kafka import debezium
@@ -104,6 +104,9 @@ class DatabaseConfig:
     storage_options: dict[str, str] = field(default_factory=dict)
     ignore_null_updates: bool = False
     unavailable_value: str | None = debezium.UNAVAILABLE_VALUE
+    apply_truncates: bool = False
+    scd_type: int = 1
+    track_history_except: list[str] | None = None
 
     def router(self) -> TopicRouter:
         """Raises ValueError for a template/regex that cannot route (checked at job start)."""
@@ -148,9 +151,11 @@ class TopicPlan:
 
 
 def plan_topic(topic: str, variants: Sequence[Variant], router: TopicRouter, keys: Sequence[str],
-               table_schema: StructType | None) -> TopicPlan:
+               table_schema: StructType | None, known_keys: Sequence[str] = ()) -> TopicPlan:
     """The batch's decisions for one topic, from its variants only (so a replay decides the
-    same). ``table_schema``: the existing table's row columns, or None for a new table."""
+    same). ``table_schema``: the existing table's row columns, or None for a new table.
+    ``known_keys``: the keys the table was merged by earlier in this process, for a batch
+    whose records of the topic carry no key (e.g. only a truncate)."""
     plan = TopicPlan(topic, tuple(variants), None, (), table_schema, (), {})
     try:
         plan = dataclasses.replace(plan, path=router.route(topic))
@@ -159,7 +164,7 @@ def plan_topic(topic: str, variants: Sequence[Variant], router: TopicRouter, key
     by_recency = sorted(variants, key=lambda v: _order(v.newest), reverse=True)
     rejected: dict[Variant, str] = {}
     if not keys:
-        layout = next((v.key_fields for v in by_recency if v.key_fields), None)
+        layout = next((v.key_fields for v in by_recency if v.key_fields), None) or (tuple(known_keys) or None)
         if layout is None:
             return plan.reject_all(f"topic '{topic}' has no key columns: its Kafka record keys are not JSON objects "
                                    "(a table without a primary key?); give --keys")
@@ -318,7 +323,8 @@ class DatabaseBatches:
                 if plan.rejected:
                     topic_records = topic_records.filter(F.col(_REASON).isNull())
                 tables.append(_Table(plan, debezium.decode_batch(topic_records.select(*_KAFKA), plan.row_schema,
-                                                                 keys=plan.keys, storage_level_name=level)))
+                                                                 keys=plan.keys, storage_level_name=level,
+                                                                 truncates=self.config.apply_truncates)))
             rejected = sum(p.num_rejected for p in plans)
             malformed = rejected + sum(t.decoded.num_malformed for t in tables if t.decoded)
             if malformed:
@@ -351,9 +357,9 @@ class DatabaseBatches:
                     "--topic-regex) that tells their tables apart. Nothing of this batch was written.")
             location = resolve(path, spark, self.config.storage_options)
             if table_exists(location):
-                schema = load_snapshot(location).schema
-                table_schema = StructType([f for f in schema.fields if f.name not in debezium.METADATA_COLUMNS])
-        return plan_topic(topic, variants, self.router, self.config.keys, table_schema)
+                table_schema = row_columns(load_snapshot(location).schema)
+        return plan_topic(topic, variants, self.router, self.config.keys, table_schema,
+                          known_keys=self.table_keys.get(path or "", ()))
 
     def _with_row_schema(self, staged: DataFrame, plan: TopicPlan) -> TopicPlan:
         """A new table of plain envelopes (no Debezium schema): infer its row schema from
@@ -392,10 +398,7 @@ class DatabaseBatches:
                 log.warning("Table %s: keys change from %s to %s (the topic's record keys changed)", path,
                             list(self.table_keys[path]), list(keys))
             config = self.config
-            self.sinks[path] = MergeSink(
-                path, keys=list(keys), sequence_by=[*config.extra_sequence, *debezium.SEQUENCE_COLUMNS],
-                delete_when=debezium.DELETE_WHEN, storage_options=config.storage_options,
-                ignore_null_updates=config.ignore_null_updates, unavailable_value=config.unavailable_value)
+            self.sinks[path] = MergeSink(path, keys=list(keys), **change_options(config))
             self.table_keys[path] = keys
         return self.sinks[path]
 

@@ -40,6 +40,7 @@ from streaming_merge.merge.materialize import (
     storage_level,
 )
 from streaming_merge.session import local_session
+from streaming_merge.streaming.scd2 import HISTORY_COLUMNS
 from streaming_merge.table.append import append_rows
 from streaming_merge.table.location import resolve
 from streaming_merge.table.snapshot import load_snapshot
@@ -71,10 +72,35 @@ class IngestConfig:
     ignore_null_updates: bool = False
     # Debezium's stand-in for an unchanged TOASTed value (Postgres); never written over real data
     unavailable_value: str | None = debezium.UNAVAILABLE_VALUE
+    apply_truncates: bool = False  # Debezium truncates truncate the table (else: dead letter)
+    scd_type: int = 1
+    track_history_except: list[str] | None = None  # SCD 2; default: the Debezium metadata columns
 
 
 class MalformedRecordsError(StreamingMergeError):
     """Raised with on_malformed='fail' when a batch holds records that cannot be decoded."""
+
+
+def change_options(config: IngestConfig | DatabaseConfig) -> dict[str, Any]:
+    """MergeSink's CDC options for Debezium change events, shared by both job modes."""
+    options: dict[str, Any] = {
+        "sequence_by": [*config.extra_sequence, *debezium.SEQUENCE_COLUMNS], "delete_when": debezium.DELETE_WHEN,
+        "storage_options": config.storage_options, "ignore_null_updates": config.ignore_null_updates,
+        "unavailable_value": config.unavailable_value, "scd_type": config.scd_type}
+    if config.apply_truncates:
+        options["apply_as_truncates"] = debezium.TRUNCATE_WHEN
+    if config.scd_type == 2:
+        # _cdc_op and _cdc_ts_ms change with every event: tracked, every event would be a version.
+        options["track_history_except_column_list"] = (config.track_history_except
+                                                       if config.track_history_except is not None
+                                                       else [debezium.OP, debezium.TS_MS])
+    return options
+
+
+def row_columns(schema: StructType) -> StructType:
+    """A table's row-image columns: without the CDC metadata and SCD 2 history columns."""
+    return StructType([f for f in schema.fields
+                       if f.name not in debezium.METADATA_COLUMNS and f.name not in HISTORY_COLUMNS])
 
 
 def _known_row_schema(spark: SparkSession, config: IngestConfig) -> StructType | None:
@@ -82,8 +108,7 @@ def _known_row_schema(spark: SparkSession, config: IngestConfig) -> StructType |
     it must be inferred from the records (first batch of a new table without --row-schema)."""
     target = resolve(config.target, spark, config.storage_options)
     if DeltaTable.isDeltaTable(spark, target):
-        schema = load_snapshot(target).schema
-        return StructType([f for f in schema.fields if f.name not in debezium.METADATA_COLUMNS])
+        return row_columns(load_snapshot(target).schema)
     if config.row_schema:
         return StructType.fromDDL(config.row_schema)
     return None
@@ -99,11 +124,7 @@ def batch_function(config: IngestConfig, on_progress: Callable[[dict[str, Any]],
     re-read the same copy), so the whole batch is staged again from the Kafka records at the
     next storage level; the dead-letter append and the MERGE are idempotent per batch (Delta
     txn), so a rerun never applies anything twice."""
-    sink = MergeSink(config.target, keys=config.keys,
-                     sequence_by=[*config.extra_sequence, *debezium.SEQUENCE_COLUMNS],
-                     delete_when=debezium.DELETE_WHEN, dead_letter=config.dead_letter,
-                     storage_options=config.storage_options, ignore_null_updates=config.ignore_null_updates,
-                     unavailable_value=config.unavailable_value)
+    sink = MergeSink(config.target, keys=config.keys, dead_letter=config.dead_letter, **change_options(config))
 
     def run_once(records: DataFrame, batch_id: int, level: str) -> dict[str, Any]:
         spark = records.sparkSession
@@ -113,7 +134,8 @@ def batch_function(config: IngestConfig, on_progress: Callable[[dict[str, Any]],
             records = inferred_from = records.localCheckpoint(eager=True, storageLevel=storage_level(level))
             row_schema = debezium.infer_row_schema(records)
         try:
-            decoded = debezium.decode_batch(records, row_schema, keys=config.keys, storage_level_name=level)
+            decoded = debezium.decode_batch(records, row_schema, keys=config.keys, storage_level_name=level,
+                                            truncates=config.apply_truncates)
         finally:
             if inferred_from is not None:
                 release(inferred_from)
@@ -222,9 +244,18 @@ def parse_args(argv: list[str] | None) -> tuple[IngestConfig | DatabaseConfig, s
     parser.add_argument("--master", default="local[2]", help="Spark master (ignored under spark-submit)")
     parser.add_argument("--ignore-null-updates", action="store_true",
                         help="a NULL in an update keeps the table's value (partial updates)")
-    parser.add_argument("--unavailable-value", default=debezium.UNAVAILABLE_VALUE,
+    parser.add_argument("--unavailable-value", default=None,
                         help="string that stands for an unchanged value (Debezium's unavailable.value.placeholder); "
-                        "it never overwrites the table's value. '' turns this off")
+                        f"it never overwrites the table's value (default {debezium.UNAVAILABLE_VALUE!r} with "
+                        "--scd-type 1; '' turns this off)")
+    parser.add_argument("--apply-truncates", action="store_true",
+                        help="Debezium truncate events (op 't') truncate the table as of their position "
+                        "(default: they go to the dead letter with the reason)")
+    parser.add_argument("--scd-type", type=int, choices=[1, 2], default=1,
+                        help="2: keep every version of a row with __START_AT/__END_AT (SCD type 2)")
+    parser.add_argument("--track-history-except", default=None,
+                        help="with --scd-type 2: comma-separated columns whose changes update the current version "
+                        f"in place (default: {debezium.OP},{debezium.TS_MS})")
     parser.add_argument("--spark-conf", action="append", default=[], metavar="KEY=VALUE",
                         help="Spark setting for the job's session, e.g. spark.hadoop.fs.s3a.endpoint=http://minio:9000 "
                         "(repeatable; under spark-submit use its own --conf)")
@@ -232,6 +263,16 @@ def parse_args(argv: list[str] | None) -> tuple[IngestConfig | DatabaseConfig, s
                         help="delta-rs storage option for the tables' logs, e.g. AWS_REGION=eu-west-1 "
                         "(repeatable; added to those derived from Spark's fs.s3a.* / fs.azure.* / fs.gs.* settings)")
     args = parser.parse_args(argv)
+    if args.scd_type == 2 and (args.ignore_null_updates or args.unavailable_value):
+        parser.error("--scd-type 2 does not support partial updates (--ignore-null-updates / --unavailable-value) yet")
+    if args.track_history_except is not None and args.scd_type != 2:
+        parser.error("--track-history-except needs --scd-type 2")
+    if args.unavailable_value is None:
+        args.unavailable_value = debezium.UNAVAILABLE_VALUE if args.scd_type == 1 else ""
+    history: dict[str, Any] = dict(
+        apply_truncates=args.apply_truncates, scd_type=args.scd_type,
+        track_history_except=None if args.track_history_except is None else
+        [c.strip() for c in args.track_history_except.split(",") if c.strip()])
     storage_options = _key_values(parser, "--storage-option", args.storage_option)
     spark_conf = _key_values(parser, "--spark-conf", args.spark_conf)
     keys = [k.strip() for k in (args.keys or "").split(",") if k.strip()]
@@ -239,7 +280,7 @@ def parse_args(argv: list[str] | None) -> tuple[IngestConfig | DatabaseConfig, s
         parser.error("give either --topics (one table: with --target and --keys) or --subscribe-pattern (a whole "
                      "database: with --target-root)" + (", not both" if args.topics else ""))
     if args.subscribe_pattern:
-        return _database_config(parser, args, keys, storage_options), args.master, spark_conf
+        return _database_config(parser, args, keys, storage_options, history), args.master, spark_conf
     for flag in ("target_root", "table_path_template", "topic_regex"):
         if getattr(args, flag) is not None:
             parser.error(f"--{flag.replace('_', '-')} routes the topics of --subscribe-pattern to their tables; "
@@ -254,12 +295,12 @@ def parse_args(argv: list[str] | None) -> tuple[IngestConfig | DatabaseConfig, s
         starting_offsets=args.starting_offsets, on_malformed=args.on_malformed, source_format=args.source_format,
         extra_sequence=[s.strip() for s in args.sequence.split(",") if s.strip()],
         storage_options=storage_options, ignore_null_updates=args.ignore_null_updates,
-        unavailable_value=args.unavailable_value or None,
+        unavailable_value=args.unavailable_value or None, **history,
     ), args.master, spark_conf
 
 
 def _database_config(parser: argparse.ArgumentParser, args: argparse.Namespace, keys: list[str],
-                     storage_options: dict[str, str]) -> DatabaseConfig:
+                     storage_options: dict[str, str], history: dict[str, Any]) -> DatabaseConfig:
     from jobs._database import DEBEZIUM_TOPIC_REGEX, DEFAULT_TABLE_PATH_TEMPLATE, DatabaseConfig
 
     if args.target:
@@ -278,7 +319,7 @@ def _database_config(parser: argparse.ArgumentParser, args: argparse.Namespace, 
         on_malformed=args.on_malformed, source_format=args.source_format,
         extra_sequence=[s.strip() for s in args.sequence.split(",") if s.strip()],
         storage_options=storage_options, ignore_null_updates=args.ignore_null_updates,
-        unavailable_value=args.unavailable_value or None)
+        unavailable_value=args.unavailable_value or None, **history)
     try:
         config.router()
     except ValueError as exc:

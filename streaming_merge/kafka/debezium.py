@@ -2,10 +2,11 @@
 
 Accepted: envelopes with or without the ``{"schema": ..., "payload": ...}`` wrapper.
 ``op`` c (create), r (snapshot read) and u (update) take the row image from ``after``;
-d (delete) from ``before``. ``t`` (truncate) is not applied: truncating the target from
-a stream would need a table-wide delete ordered against every partition, so truncate
-events go to the dead-letter table with that reason and the query carries on. Kafka
-tombstones (NULL value, emitted after deletes for log compaction) are skipped.
+d (delete) from ``before``. ``t`` (truncate) events go to the dead-letter table with that
+reason by default; with ``truncates=True`` they come through as events without a row image
+(every row column NULL, ``_cdc_op = 't'``) for ``MergeSink(apply_as_truncates=TRUNCATE_WHEN)``,
+which truncates the table as of their position. Kafka tombstones (NULL value, emitted after
+deletes for log compaction) are skipped.
 
 Every decoded row carries ``_cdc_op``, ``_cdc_position`` (``source.lsn``, else
 ``source.ts_ms``, else the envelope's ``ts_ms``), ``_cdc_ts_ms`` and the Kafka
@@ -71,6 +72,7 @@ PARTITION = "_kafka_partition"
 OFFSET = "_kafka_offset"
 SEQUENCE_COLUMNS = (POSITION, PARTITION, OFFSET)
 DELETE_WHEN = f"{OP} = 'd'"
+TRUNCATE_WHEN = f"{OP} = 't'"
 METADATA_COLUMNS = (OP, POSITION, TS_MS, PARTITION, OFFSET)
 DEAD_LETTER_COLUMNS = ("key", "value", "error", "topic", "partition", "offset", "recorded_at")
 
@@ -93,7 +95,7 @@ _ENV_BAD, _IMAGE_MISSING, _IMAGE_BAD = "__dbz_env_bad", "__dbz_image_missing", "
 
 NOT_AN_ENVELOPE = "value is not a JSON Debezium envelope"
 NO_OP = "envelope has no 'op' field"
-TRUNCATE = "truncate event: not applied by streaming_merge (see kafka/debezium.py)"
+TRUNCATE = "truncate event: not applied (apply truncates with --apply-truncates / decode(truncates=True))"
 IMAGE_MISMATCH = "row image does not match the table schema"
 
 
@@ -121,14 +123,15 @@ class DecodedBatch:
 
 
 def decode_batch(records: DataFrame, row_schema: StructType, keys: Sequence[str] = (),
-                 storage_level_name: str = "DISK_ONLY") -> DecodedBatch:
+                 storage_level_name: str = "DISK_ONLY", truncates: bool = False) -> DecodedBatch:
     """Decode ``records`` (the Kafka source's key/value/topic/partition/offset) in one Spark
     job into a local checkpoint at ``storage_level_name``, counting records, tombstones and
     malformed records in the same job (``DataFrame.observe``).
 
     ``keys``: row images with NULL in one of these columns are malformed too (they cannot be
-    merged, and the dead-letter table keeps their raw bytes)."""
-    staged = _stage(records, row_schema, keys)
+    merged, and the dead-letter table keeps their raw bytes). ``truncates``: truncate events
+    are events (without a row image) rather than malformed records."""
+    staged = _stage(records, row_schema, keys, truncates)
     observation = Observation()
     observed = staged.observe(
         observation,
@@ -146,11 +149,11 @@ def decode_batch(records: DataFrame, row_schema: StructType, keys: Sequence[str]
                         num_malformed=counts["malformed"])
 
 
-def decode(records: DataFrame, row_schema: StructType, keys: Sequence[str] = ()
+def decode(records: DataFrame, row_schema: StructType, keys: Sequence[str] = (), truncates: bool = False
            ) -> tuple[DataFrame, DataFrame]:
     """(events, malformed) from Kafka records, lazily: each action on either frame decodes
     the records again. Streaming jobs use :func:`decode_batch`."""
-    staged = _stage(records, row_schema, keys).filter(~F.col(_TOMBSTONE))
+    staged = _stage(records, row_schema, keys, truncates).filter(~F.col(_TOMBSTONE))
     return _events(staged, row_schema), _malformed(staged)
 
 
@@ -172,7 +175,7 @@ def _typed_envelope(image: StructType) -> list[StructField]:
             StructField("ts_ms", LongType()), StructField("source", _SOURCE)]
 
 
-def _stage(records: DataFrame, row_schema: StructType, keys: Sequence[str]) -> DataFrame:
+def _stage(records: DataFrame, row_schema: StructType, keys: Sequence[str], truncates: bool = False) -> DataFrame:
     """Decoded records, one row per Kafka record: Kafka coordinates, a tombstone flag, the
     error (NULL for a change event), the typed row image and the CDC metadata columns.
 
@@ -228,7 +231,7 @@ def _stage(records: DataFrame, row_schema: StructType, keys: Sequence[str]) -> D
     )
     classified = normalized.select(
         _KEY, _VALUE, _TOPIC, _PARTITION, _OFFSET, _TOMBSTONE, _IMAGE, OP, POSITION, TS_MS,
-        F.when(~F.col(_TOMBSTONE), _error(F.col(OP), F.col(_IMAGE), keys)).alias(_ERROR))
+        F.when(~F.col(_TOMBSTONE), _error(F.col(OP), F.col(_IMAGE), keys, truncates)).alias(_ERROR))
     # Only dead letters need the raw bytes: the copy of a change event does not keep them.
     bad = F.col(_ERROR).isNotNull()
     return classified.select(
@@ -236,16 +239,17 @@ def _stage(records: DataFrame, row_schema: StructType, keys: Sequence[str]) -> D
         _OFFSET, _TOMBSTONE, _ERROR, _IMAGE, OP, POSITION, TS_MS)
 
 
-def _error(op: Column, image: Column, keys: Sequence[str]) -> Column:
+def _error(op: Column, image: Column, keys: Sequence[str], truncates: bool = False) -> Column:
     """The reason a record cannot be applied (NULL for a change event), first match wins,
-    in the order and with the texts the dead-letter table has always used."""
+    in the order and with the texts the dead-letter table has always used. A truncate to
+    apply is an event: no image, no key."""
     null_key = F.lit(False)
     for key in keys:
         null_key = null_key | image.getField(key).isNull()
     return (
         F.when(F.col(_ENV_BAD), F.lit(NOT_AN_ENVELOPE))
         .when(op.isNull(), F.lit(NO_OP))
-        .when(op == "t", F.lit(TRUNCATE))
+        .when(op == "t", F.lit(None).cast("string") if truncates else F.lit(TRUNCATE))
         .when(~op.isin("c", "r", "u", "d"), F.concat(F.lit("unknown op '"), op, F.lit("'")))
         .when(F.col(_IMAGE_MISSING),
               F.concat(F.lit("op '"), op, F.lit("' without a row image ('after' for c/r/u, 'before' for d)")))

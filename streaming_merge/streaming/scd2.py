@@ -210,7 +210,7 @@ def current_rows(spark: SparkSession, snapshot: Snapshot, key_ranges: Mapping[st
     scope = ColumnScope("t", "s", columns, list(keys))
     ranges = [(k, *key_ranges[k], key_ranges[k][0] is not None) for k in keys if k in key_ranges]
     files = SkippingPlan((), ranges, scope, snapshot.schema, skip_nothing=False).select(
-        spark, snapshot, [f for f in snapshot.files if f.num_records])
+        spark, snapshot, [f for f in snapshot.files if f.num_records is None or f.num_records > 0])
     rows = scan_files(spark, snapshot, files)
     return rows.join(touched.select(*[F.col(_q(k)) for k in keys]).distinct(), list(keys), "left_semi")
 

@@ -247,7 +247,7 @@ def test_malformed_records_go_to_the_dead_letter_table(spark: SparkSession, kafk
     json_errors = {  # JSON-shaped malformed values and the reason each must carry
         b'{"op": "x", "after": {"id": 7}}': "unknown op 'x'",
         b'{"op": "t", "ts_ms": 1, "source": {"lsn": 1}}':
-            "truncate event: not applied by streaming_merge (see kafka/debezium.py)",
+            "truncate event: not applied (apply truncates with --apply-truncates / decode(truncates=True))",
         b'{"op": "c", "source": {"lsn": 2}}': "op 'c' without a row image ('after' for c/r/u, 'before' for d)",
         b'{"op": "d", "after": {"id": 3}, "source": {"lsn": 3}}':
             "op 'd' without a row image ('after' for c/r/u, 'before' for d)",
