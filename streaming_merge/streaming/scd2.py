@@ -51,6 +51,8 @@ ACTION = "__sm_scd_action__"  # I(nsert), U(pdate) or D(elete) of one history ro
 _SEQ, _DEL, _PRIORITY = "__sm_seq__", "__sm_del__", "__sm_priority__"
 _NEW, _VERSION, _NEXT = "__sm_new_version__", "__sm_version__", "__sm_next__"
 _FIRST, _LAST = "__sm_first__", "__sm_last__"
+# A table row's content (data, __END_AT); from the batch?; a row's end as a delete; rows that go.
+_OLD, _BATCH, _MARKER, _GONE = "__sm_old__", "__sm_from_batch__", "__sm_marker__", "__sm_gone__"
 # At one (key, sequence value): a delete or truncate beats a batch upsert, which beats the table's row.
 _TABLE_ROW, _BATCH_UPSERT, _DELETE = 1, 2, 3
 
@@ -101,90 +103,109 @@ def history_changes(spec: CdcSpec, tracked: Sequence[str], events: DataFrame, cu
     ``events`` hold the fold of their whole event list.
 
     ``events``: the batch's events (table columns plus ``DELETE_FLAG``), one per (key,
-    sequence value). ``current``: the table's rows of those keys (or None for a new table).
-    ``deletes``: tombstones of those keys (keys and sequence columns). ``truncates``: the
-    sequence values of every truncate to apply (recorded ones and the batch's), as literals.
+    sequence value). ``current``: the table's rows that may belong to those keys (or None for
+    a new table). ``deletes``: tombstones (keys and sequence columns) that may belong to
+    them. ``truncates``: the sequence values of every truncate to apply (recorded ones and
+    the batch's), as literals. Rows of other keys in ``current`` / ``deletes`` are ignored.
+
+    One plan without joins: every input becomes events of one shape, each table row carrying
+    its old content (``_OLD``), so that the difference to write (insert, update, delete of a
+    history row) comes out of the fold itself.
     """
     keys = list(spec.keys)
     columns = [c for c in events.columns if not c.startswith("__sm_")]
     data = [c for c in columns if c not in keys]
     key_cols = [F.col(_q(k)) for k in keys]
+    old_value = F.struct(*[F.col(_q(c)) for c in [*data, END_AT]])
+    no_old = F.lit(None).cast(current.select(old_value.alias("o")).schema["o"].dataType if current is not None
+                              else "boolean")
 
-    def as_events(frame: DataFrame, sequence: Column, is_delete: Column, priority: Column,
-                  with_data: bool) -> DataFrame:
+    def as_events(frame: DataFrame, sequence: Column, is_delete: Column, priority: Column, *, with_data: bool,
+                  old: Column | None = None, from_batch: bool = False, marker: Column | None = None
+                  ) -> DataFrame:
         values = [F.col(_q(c)) if with_data else F.lit(None).alias(c) for c in data]
         return frame.select(*key_cols, sequence.alias(_SEQ), is_delete.alias(_DEL), priority.alias(_PRIORITY),
-                            *values)
+                            *values, (old if old is not None else no_old).alias(_OLD),
+                            F.lit(from_batch).alias(_BATCH),
+                            (marker if marker is not None else F.lit(False)).alias(_MARKER))
 
     is_delete = F.col(_q(DELETE_FLAG))
-    parts = [as_events(events, spec.sequence(), is_delete,
-                       F.when(is_delete, _DELETE).otherwise(_BATCH_UPSERT), with_data=True)]
+    parts = [as_events(events, spec.sequence(), is_delete, F.when(is_delete, _DELETE).otherwise(_BATCH_UPSERT),
+                       with_data=True, from_batch=True)]
+    if truncates:  # a delete of every touched key at each truncate (re-sends collapse below)
+        parts.append(as_events(events, F.explode(F.array(*truncates)), F.lit(True), F.lit(_DELETE),
+                               with_data=False))
     if current is not None:
-        parts.append(as_events(current, F.col(_q(START_AT)), F.lit(False), F.lit(_TABLE_ROW), with_data=True))
-        # An end that opens no other row of the key is where the key was deleted (or truncated).
-        starts = current.select(*key_cols, F.col(_q(START_AT)).alias(_SEQ))
-        ends = current.filter(F.col(_q(END_AT)).isNotNull()).select(*key_cols, F.col(_q(END_AT)).alias(_SEQ))
-        closed = ends.join(starts, [*keys, _SEQ], "left_anti")
-        parts.append(as_events(closed, F.col(_SEQ), F.lit(True), F.lit(_DELETE), with_data=False))
+        # Each table row is an upsert at __START_AT and, when it has one, a delete marker at
+        # __END_AT: a marker where another row of the key starts is dropped below (the row
+        # ended because the next version began, not because the key was deleted).
+        ends = F.array(F.lit(False), F.lit(True))
+        exploded = current.select("*", F.explode(ends).alias(_MARKER)).filter(
+            ~F.col(_MARKER) | F.col(_q(END_AT)).isNotNull())
+        marker = F.col(_MARKER)
+        parts.append(as_events(
+            exploded, F.when(marker, F.col(_q(END_AT))).otherwise(F.col(_q(START_AT))), marker,
+            F.when(marker, _DELETE).otherwise(_TABLE_ROW), with_data=True,
+            old=F.when(~marker, old_value).otherwise(no_old), marker=marker))
     if deletes is not None:
         parts.append(as_events(deletes, spec.sequence(), F.lit(True), F.lit(_DELETE), with_data=False))
-    if truncates:
-        touched = events.select(*key_cols).distinct()
-        for value in truncates:
-            parts.append(as_events(touched, value, F.lit(True), F.lit(_DELETE), with_data=False))
     union = parts[0]
     for part in parts[1:]:
         union = union.unionByName(part)
 
-    one_per_position = Window.partitionBy(*key_cols, F.col(_SEQ)).orderBy(F.col(_PRIORITY).desc())
-    folded = (union.withColumn("__sm_rank__", F.row_number().over(one_per_position))
-              .filter(F.col("__sm_rank__") == 1).drop("__sm_rank__"))
-    ordered = Window.partitionBy(*key_cols).orderBy(F.col(_SEQ))
+    by_key = Window.partitionBy(*key_cols)
+    position = Window.partitionBy(*key_cols, F.col(_SEQ))
+    first_at_position = position.orderBy(F.col(_PRIORITY).desc())
+    ordered = by_key.orderBy(F.col(_SEQ))
     tracked_value = F.struct(*[F.col(_q(c)) for c in tracked]) if tracked else F.lit(True)
     previous_deleted = F.lag(F.col(_DEL)).over(ordered)
     same_tracked = F.lag(tracked_value).over(ordered).eqNullSafe(tracked_value)
     opens = ~F.col(_DEL) & (previous_deleted.isNull() | previous_deleted | ~same_tracked)
-    folded = (folded.withColumn(_NEW, opens)
+    is_row = F.col(_PRIORITY) == _TABLE_ROW
+    folded = (union
+              .withColumn("__sm_touched__", F.max(F.col(_BATCH)).over(by_key))
+              .filter(F.col("__sm_touched__"))
+              # one event per (key, sequence value); the table's row there, if any, stays known
+              .withColumn(_OLD, F.first(F.col(_OLD), ignorenulls=True).over(position))
+              .withColumn("__sm_row_here__", F.max(is_row).over(position))
+              .filter(~(F.col(_MARKER) & F.col("__sm_row_here__")))
+              .withColumn("__sm_rank__", F.row_number().over(first_at_position))
+              .filter(F.col("__sm_rank__") == 1)
+              .withColumn(_NEW, opens)
               .withColumn(_NEXT, F.lead(F.col(_SEQ)).over(ordered))
               .withColumn(_VERSION, F.sum(F.col(_NEW).cast("int")).over(
-                  ordered.rowsBetween(Window.unboundedPreceding, Window.currentRow)))
-              .filter(~F.col(_DEL)))
+                  ordered.rowsBetween(Window.unboundedPreceding, Window.currentRow))))
     untracked = [c for c in data if c not in set(tracked)]
-    history = folded.groupBy(*key_cols, F.col(_VERSION)).agg(
-        F.min(F.col(_SEQ)).alias(START_AT),
-        F.min_by(F.struct(*[F.col(_q(c)) for c in tracked]) if tracked else F.lit(None), F.col(_SEQ)).alias(_FIRST),
-        F.max_by(F.struct(*[F.col(_q(c)) for c in untracked], F.col(_NEXT)), F.col(_SEQ)).alias(_LAST))
-    rows = history.select(
-        *[F.col(_q(c)) if c in keys else F.col(f"{_FIRST}.{_q(c)}" if c in set(tracked) else f"{_LAST}.{_q(c)}")
-          .alias(c) for c in columns],
-        F.col(_q(START_AT)), F.col(f"{_LAST}.{_NEXT}").alias(END_AT))
+    upsert_at = F.when(~F.col(_DEL), F.col(_SEQ))  # NULL for deletes: min_by/max_by skip them
+    # A table row whose start no longer opens a version (a delete won its position, or it now
+    # continues the version before it) goes.
+    gone_at = F.when(F.col(_OLD).isNotNull() & ~F.col(_NEW), F.col(_SEQ))
+    versions = folded.groupBy(*key_cols, F.col(_VERSION)).agg(
+        F.min(upsert_at).alias(START_AT),
+        F.min_by(F.struct(*[F.col(_q(c)) for c in tracked], F.col(_OLD)), upsert_at).alias(_FIRST),
+        F.max_by(F.struct(*[F.col(_q(c)) for c in untracked], F.col(_NEXT)), upsert_at).alias(_LAST),
+        F.collect_list(gone_at).alias(_GONE))
+    row_value = [F.col(_q(c)) if c in keys else F.col(f"{_FIRST}.{_q(c)}" if c in set(tracked) else f"{_LAST}.{_q(c)}")
+                 for c in columns]
+    end = F.col(f"{_LAST}.{_NEXT}")
+    old = F.col(f"{_FIRST}.{_OLD}")
     if current is None:
-        return rows.withColumn(ACTION, F.lit("I"))
-    return _difference(rows, current.select(*[F.col(_q(c)) for c in [*columns, *HISTORY_COLUMNS]]), keys,
-                       columns)
-
-
-def _difference(new: DataFrame, old: DataFrame, keys: Sequence[str], columns: Sequence[str]) -> DataFrame:
-    """Rows of ``new`` not in ``old`` (I), in both but different (U), of ``old`` only (D),
-    matched on (keys, ``__START_AT``); rows that did not change are left out, so the MERGE
-    rewrites only files that hold a changed row."""
-    n, o = new.alias("n"), old.alias("o")
-    on = [F.col(f"n.{_q(k)}") == F.col(f"o.{_q(k)}") for k in keys]
-    on.append(F.col(f"n.{START_AT}") == F.col(f"o.{START_AT}"))
-    condition = on[0]
-    for part in on[1:]:
-        condition = condition & part
-    joined = n.join(o, condition, "full_outer")
-    compared = [c for c in [*columns, END_AT] if c not in keys]
-    same = F.struct(*[F.col(f"n.{_q(c)}") for c in compared]).eqNullSafe(
-        F.struct(*[F.col(f"o.{_q(c)}") for c in compared]))
-    action = (F.when(F.col(f"o.{START_AT}").isNull(), "I").when(F.col(f"n.{START_AT}").isNull(), "D")
-              .when(~same, "U"))
-    identity = {*keys, START_AT}
-    return (joined.select(
-        *[(F.coalesce(F.col(f"n.{_q(c)}"), F.col(f"o.{_q(c)}")) if c in identity else F.col(f"n.{_q(c)}")).alias(c)
-          for c in [*columns, *HISTORY_COLUMNS]], action.alias(ACTION))
-        .filter(F.col(ACTION).isNotNull()))
+        action = F.when(F.col(_q(START_AT)).isNotNull(), F.lit("I"))
+    else:
+        new_value = F.struct(*[v for c, v in zip(columns, row_value, strict=True) if c not in keys], end)
+        action = (F.when(F.col(_q(START_AT)).isNull(), F.lit(None))
+                  .when(old.isNull(), "I").when(~new_value.eqNullSafe(old), "U"))
+    types = dict(union.dtypes)
+    version_row = F.struct(*[v.alias(c) for c, v in zip(columns, row_value, strict=True)],
+                           F.col(_q(START_AT)).alias(START_AT), end.alias(END_AT), action.alias(ACTION))
+    row_type = versions.select(version_row.alias("r")).schema["r"].dataType
+    gone_rows = F.transform(F.col(_GONE), lambda at: F.struct(
+        *[F.col(_q(c)) if c in keys else F.lit(None).cast(types[c]) for c in columns],
+        at.alias(START_AT), F.lit(None).cast(types[_SEQ]).alias(END_AT), F.lit("D").alias(ACTION)
+    ).cast(row_type))
+    kept = F.filter(F.array(version_row), lambda row: row.getField(ACTION).isNotNull())
+    changes = F.concat(kept, gone_rows)
+    return versions.select(F.explode(changes).alias("__sm_change__")).select("__sm_change__.*")
 
 
 def truncate_spans(truncates: Sequence[Column]) -> tuple[Column, Column]:

@@ -453,12 +453,9 @@ class MergeSink:
         if snapshot is not None:
             check_table_columns(snapshot.schema, columns, self.target)
             current = current_rows(spark, snapshot, stats.ranges, spec.keys, events)
-        deletes = None
+        deletes = None  # of keys the batch does not touch too: the fold ignores those
         if self._tombstones is not None:
-            overlapping = self._tombstones.overlapping(spark, tombstone_snapshot, stats.ranges)
-            if overlapping is not None:
-                deletes = overlapping.join(events.select(*[F.col(f"`{k}`") for k in spec.keys]).distinct(),
-                                           list(spec.keys), "left_semi")
+            deletes = self._tombstones.overlapping(spark, tombstone_snapshot, stats.ranges)
         tracked = self._track.tracked(spec, columns)
         return history_changes(spec, tracked, events, current, deletes, truncates), None
 
