@@ -45,7 +45,13 @@ from pyspark.sql import functions as F
 from pyspark.sql.streaming import StreamingQuery
 from pyspark.sql.types import StringType, StructField, StructType
 
-from jobs.kafka_cdc_ingest import MalformedRecordsError, change_options, progress_line, row_columns
+from jobs.kafka_cdc_ingest import (
+    ChangeSettings,
+    MalformedRecordsError,
+    change_options,
+    progress_line,
+    row_columns,
+)
 from streaming_merge import MergeSink
 from streaming_merge.errors import StreamingMergeError
 from streaming_merge.kafka import debezium
@@ -82,7 +88,7 @@ _KAFKA = ("key", "value", "topic", "partition", "offset")
 
 
 @dataclass(frozen=True)
-class DatabaseConfig:
+class DatabaseConfig(ChangeSettings):
     """The multi-table job's settings (``python -m jobs.kafka_cdc_ingest --subscribe-pattern``)."""
 
     bootstrap_servers: str
@@ -93,20 +99,6 @@ class DatabaseConfig:
     keys: list[str] = field(default_factory=list)
     table_path_template: str = DEFAULT_TABLE_PATH_TEMPLATE
     topic_regex: str = DEBEZIUM_TOPIC_REGEX
-    dead_letter: str | None = None
-    available_now: bool = False
-    processing_time: str | None = None
-    max_offsets_per_trigger: int | None = None
-    starting_offsets: str = "earliest"
-    on_malformed: str = "dead_letter"
-    source_format: str = "kafka_py"
-    extra_sequence: list[str] = field(default_factory=list)
-    storage_options: dict[str, str] = field(default_factory=dict)
-    ignore_null_updates: bool = False
-    unavailable_value: str | None = debezium.UNAVAILABLE_VALUE
-    apply_truncates: bool = False
-    scd_type: int = 1
-    track_history_except: list[str] | None = None
 
     def router(self) -> TopicRouter:
         """Raises ValueError for a template/regex that cannot route (checked at job start)."""

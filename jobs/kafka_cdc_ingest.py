@@ -51,15 +51,11 @@ if TYPE_CHECKING:
 log = logging.getLogger("jobs.kafka_cdc_ingest")  # a stable name under `python -m` too
 
 
-@dataclass(frozen=True)
-class IngestConfig:
-    bootstrap_servers: str
-    topics: str
-    target: str
-    keys: list[str]
-    checkpoint: str
+@dataclass(frozen=True, kw_only=True)
+class ChangeSettings:
+    """How the query runs and how change events are applied: the same in both job modes."""
+
     dead_letter: str | None = None
-    row_schema: str | None = None
     available_now: bool = False
     processing_time: str | None = None
     max_offsets_per_trigger: int | None = None
@@ -77,11 +73,23 @@ class IngestConfig:
     track_history_except: list[str] | None = None  # SCD 2; default: the Debezium metadata columns
 
 
+@dataclass(frozen=True)
+class IngestConfig(ChangeSettings):
+    """The single-table job's settings (``--topics ... --target ... --keys ...``)."""
+
+    bootstrap_servers: str
+    topics: str
+    target: str
+    keys: list[str]
+    checkpoint: str
+    row_schema: str | None = None
+
+
 class MalformedRecordsError(StreamingMergeError):
     """Raised with on_malformed='fail' when a batch holds records that cannot be decoded."""
 
 
-def change_options(config: IngestConfig | DatabaseConfig) -> dict[str, Any]:
+def change_options(config: ChangeSettings) -> dict[str, Any]:
     """MergeSink's CDC options for Debezium change events, shared by both job modes."""
     options: dict[str, Any] = {
         "sequence_by": [*config.extra_sequence, *debezium.SEQUENCE_COLUMNS], "delete_when": debezium.DELETE_WHEN,
@@ -269,38 +277,34 @@ def parse_args(argv: list[str] | None) -> tuple[IngestConfig | DatabaseConfig, s
         parser.error("--track-history-except needs --scd-type 2")
     if args.unavailable_value is None:
         args.unavailable_value = debezium.UNAVAILABLE_VALUE if args.scd_type == 1 else ""
-    history: dict[str, Any] = dict(
-        apply_truncates=args.apply_truncates, scd_type=args.scd_type,
-        track_history_except=None if args.track_history_except is None else
-        [c.strip() for c in args.track_history_except.split(",") if c.strip()])
-    storage_options = _key_values(parser, "--storage-option", args.storage_option)
     spark_conf = _key_values(parser, "--spark-conf", args.spark_conf)
-    keys = [k.strip() for k in (args.keys or "").split(",") if k.strip()]
+    settings: dict[str, Any] = dict(  # ChangeSettings, the same in both modes
+        dead_letter=args.dead_letter, available_now=args.available_now, processing_time=args.processing_time,
+        max_offsets_per_trigger=args.max_offsets_per_trigger, starting_offsets=args.starting_offsets,
+        on_malformed=args.on_malformed, source_format=args.source_format,
+        extra_sequence=_names(args.sequence), storage_options=_key_values(parser, "--storage-option",
+                                                                          args.storage_option),
+        ignore_null_updates=args.ignore_null_updates, unavailable_value=args.unavailable_value or None,
+        apply_truncates=args.apply_truncates, scd_type=args.scd_type,
+        track_history_except=None if args.track_history_except is None else _names(args.track_history_except))
+    keys = _names(args.keys or "")
     if bool(args.topics) == bool(args.subscribe_pattern):
         parser.error("give either --topics (one table: with --target and --keys) or --subscribe-pattern (a whole "
                      "database: with --target-root)" + (", not both" if args.topics else ""))
     if args.subscribe_pattern:
-        return _database_config(parser, args, keys, storage_options, history), args.master, spark_conf
+        return _database_config(parser, args, keys, settings), args.master, spark_conf
     for flag in ("target_root", "table_path_template", "topic_regex"):
         if getattr(args, flag) is not None:
             parser.error(f"--{flag.replace('_', '-')} routes the topics of --subscribe-pattern to their tables; "
                          "with --topics give one --target")
     if not args.target or not keys:
         parser.error("--topics needs --target and --keys (one table)")
-    return IngestConfig(
-        bootstrap_servers=args.bootstrap_servers, topics=args.topics, target=args.target,
-        keys=keys, checkpoint=args.checkpoint,
-        dead_letter=args.dead_letter, row_schema=args.row_schema, available_now=args.available_now,
-        processing_time=args.processing_time, max_offsets_per_trigger=args.max_offsets_per_trigger,
-        starting_offsets=args.starting_offsets, on_malformed=args.on_malformed, source_format=args.source_format,
-        extra_sequence=[s.strip() for s in args.sequence.split(",") if s.strip()],
-        storage_options=storage_options, ignore_null_updates=args.ignore_null_updates,
-        unavailable_value=args.unavailable_value or None, **history,
-    ), args.master, spark_conf
+    return IngestConfig(bootstrap_servers=args.bootstrap_servers, topics=args.topics, target=args.target, keys=keys,
+                        checkpoint=args.checkpoint, row_schema=args.row_schema, **settings), args.master, spark_conf
 
 
 def _database_config(parser: argparse.ArgumentParser, args: argparse.Namespace, keys: list[str],
-                     storage_options: dict[str, str], history: dict[str, Any]) -> DatabaseConfig:
+                     settings: dict[str, Any]) -> DatabaseConfig:
     from jobs._database import DEBEZIUM_TOPIC_REGEX, DEFAULT_TABLE_PATH_TEMPLATE, DatabaseConfig
 
     if args.target:
@@ -313,18 +317,17 @@ def _database_config(parser: argparse.ArgumentParser, args: argparse.Namespace, 
         bootstrap_servers=args.bootstrap_servers, subscribe_pattern=args.subscribe_pattern,
         target_root=args.target_root, checkpoint=args.checkpoint, keys=keys,
         table_path_template=args.table_path_template or DEFAULT_TABLE_PATH_TEMPLATE,
-        topic_regex=args.topic_regex or DEBEZIUM_TOPIC_REGEX, dead_letter=args.dead_letter,
-        available_now=args.available_now, processing_time=args.processing_time,
-        max_offsets_per_trigger=args.max_offsets_per_trigger, starting_offsets=args.starting_offsets,
-        on_malformed=args.on_malformed, source_format=args.source_format,
-        extra_sequence=[s.strip() for s in args.sequence.split(",") if s.strip()],
-        storage_options=storage_options, ignore_null_updates=args.ignore_null_updates,
-        unavailable_value=args.unavailable_value or None, **history)
+        topic_regex=args.topic_regex or DEBEZIUM_TOPIC_REGEX, **settings)
     try:
         config.router()
     except ValueError as exc:
         parser.error(str(exc))
     return config
+
+
+def _names(text: str) -> list[str]:
+    """A comma-separated list of column names."""
+    return [name.strip() for name in text.split(",") if name.strip()]
 
 
 def _key_values(parser: argparse.ArgumentParser, flag: str, items: list[str]) -> dict[str, str]:
