@@ -207,3 +207,23 @@ def test_scd2_refuses_a_batch_whose_columns_differ_from_the_table(spark: SparkSe
     with pytest.raises(MergeAnalysisError, match=r"Missing from the batch: \['amount'\]"):
         sink(narrower, 1)
     assert deltalake.DeltaTable(table_path).version() == 1
+
+
+@pytest.mark.parametrize("scd_type", [1, 2])
+def test_a_restarted_sink_still_knows_the_recorded_truncates(spark: SparkSession, table_path: str,
+                                                             scd_type: int) -> None:
+    """The truncate is read back from the tombstone table (only its files whose key stats count
+    NULLs) by a new sink on the same table, as after a restart."""
+    def sink() -> MergeSink:
+        return MergeSink(table_path, keys="id", sequence_by="lsn", delete_when="op = 'd'",
+                         apply_as_truncates="op = 't'", app_id="restart", scd_type=scd_type)
+
+    sink()(frame(spark, [e(1, 1, "c"), e(2, 2, "d", None, None)]), 0)
+    sink()(frame(spark, [e(None, 5, "t"), e(3, 6, "c", "kept")]), 1)
+    sink()(frame(spark, [e(4, 4, "c", "late"), e(5, 7, "c", "new")]), 2)
+    rows = history_rows(table_path)
+    if scd_type == 1:
+        assert sorted((r["id"], r["name"]) for r in rows) == [(3, "kept"), (5, "new")]
+    else:
+        assert sorted((r["id"], r["name"], r[START], r[END]) for r in rows) == [
+            (1, "a", 1, 5), (3, "kept", 6, None), (4, "late", 4, 5), (5, "new", 7, None)]
