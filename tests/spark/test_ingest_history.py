@@ -77,21 +77,27 @@ def test_single_table_job_keeps_history_and_applies_a_truncate(spark: SparkSessi
     assert (4, "d", 18, 20) in versions(target)
 
 
+@pytest.mark.parametrize("scd_type", [1, 2])
 def test_database_job_truncates_one_table_from_a_keyless_batch(spark: SparkSession, tmp_path: Path,
-                                                               query_id: str) -> None:
+                                                               query_id: str, scd_type: int) -> None:
     """The truncate is a table's only record in its batch: the keys come from the earlier batch."""
     config = DatabaseConfig(bootstrap_servers="unused:9092", subscribe_pattern=".*",
                             target_root=str(tmp_path / "lake"), checkpoint=str(tmp_path / "chk"),
-                            dead_letter=str(tmp_path / "dlq"), unavailable_value=None, apply_truncates=True)
+                            dead_letter=str(tmp_path / "dlq"), unavailable_value=None, apply_truncates=True,
+                            scd_type=scd_type)
     a, b = "db.inv.a", "db.inv.b"
     progress: list[dict[str, Any]] = []
     run = DatabaseBatches(config, progress.append)
     run(records(spark, {a: [change(1, 10, "x"), change(2, 11, "y")], b: [change(1, 12, "z")]}), 0)
     run(records(spark, {a: [truncate(20)], b: [change(2, 21, "w")]}, start=2), 1)
     table_a, table_b = str(tmp_path / "lake/inv/a"), str(tmp_path / "lake/inv/b")
-    assert deltalake.DeltaTable(table_a).to_pyarrow_table().num_rows == 0
-    assert sorted((r["id"], r["name"]) for r in deltalake.DeltaTable(table_b).to_pyarrow_table().to_pylist()) == [
-        (1, "z"), (2, "w")]
+    if scd_type == 1:
+        assert deltalake.DeltaTable(table_a).to_pyarrow_table().num_rows == 0
+        assert sorted((r["id"], r["name"]) for r in deltalake.DeltaTable(table_b).to_pyarrow_table().to_pylist()) == [
+            (1, "z"), (2, "w")]
+    else:
+        assert versions(table_a) == [(1, "x", 10, 20), (2, "y", 11, 20)]
+        assert versions(table_b) == [(1, "z", 12, None), (2, "w", 21, None)]
     assert not deltalake.DeltaTable.is_deltatable(str(tmp_path / "dlq"))
 
 
