@@ -51,6 +51,7 @@ from jobs.kafka_cdc_ingest import (
     change_options,
     progress_line,
     row_columns,
+    start_query,
 )
 from streaming_merge import MergeSink
 from streaming_merge.errors import StreamingMergeError
@@ -64,7 +65,6 @@ from streaming_merge.kafka.routing import (
     incompatible_columns,
     record_key_fields,
 )
-from streaming_merge.kafka.source import register
 from streaming_merge.merge.materialize import (
     DEFAULT_STORAGE_LEVELS,
     is_lost_block_error,
@@ -420,23 +420,11 @@ def start_database(spark: SparkSession, config: DatabaseConfig,
                    on_table_progress: Callable[[dict[str, Any]], None] | None = None) -> StreamingQuery:
     """Start the multi-table ingestion query (does not wait). Without callbacks it prints
     one line per table and batch, as the single-table job prints one per batch."""
-    if config.source_format == "kafka_py":
-        register(spark)
-    reader = (spark.readStream.format(config.source_format)
-              .option("kafka.bootstrap.servers", config.bootstrap_servers)
-              .option("subscribePattern", config.subscribe_pattern)
-              .option("startingOffsets", config.starting_offsets))
-    if config.max_offsets_per_trigger:
-        reader = reader.option("maxOffsetsPerTrigger", str(config.max_offsets_per_trigger))
     if on_progress is None and on_table_progress is None:
         on_table_progress = lambda p: print(progress_line(p), flush=True)  # noqa: E731
     function = DatabaseBatches(config, on_progress or _log_batch, on_table_progress)
-    writer = reader.load().writeStream.foreachBatch(function).option("checkpointLocation", config.checkpoint)
-    if config.available_now:
-        writer = writer.trigger(availableNow=True)
-    elif config.processing_time:
-        writer = writer.trigger(processingTime=config.processing_time)
-    return writer.queryName(f"cdc_ingest:{config.subscribe_pattern}").start()
+    return start_query(spark, config, ("subscribePattern", config.subscribe_pattern), function,
+                       config.bootstrap_servers, config.checkpoint)
 
 
 def _log_batch(progress: dict[str, Any]) -> None:

@@ -184,21 +184,30 @@ def batch_function(config: IngestConfig, on_progress: Callable[[dict[str, Any]],
 def start(spark: SparkSession, config: IngestConfig,
           on_progress: Callable[[dict[str, Any]], None] | None = None) -> StreamingQuery:
     """Start the ingestion query (does not wait)."""
+    function, _ = batch_function(config, on_progress or (lambda p: print(progress_line(p), flush=True)))
+    return start_query(spark, config, ("subscribe", config.topics), function, config.bootstrap_servers,
+                       config.checkpoint)
+
+
+def start_query(spark: SparkSession, config: ChangeSettings, subscription: tuple[str, str],
+                function: Callable[[DataFrame, int], None], bootstrap_servers: str,
+                checkpoint: str) -> StreamingQuery:
+    """The Kafka source → ``foreachBatch(function)`` query of either job mode, started."""
     if config.source_format == "kafka_py":
         register(spark)
+    option, value = subscription
     reader = (spark.readStream.format(config.source_format)
-              .option("kafka.bootstrap.servers", config.bootstrap_servers)
-              .option("subscribe", config.topics)
+              .option("kafka.bootstrap.servers", bootstrap_servers)
+              .option(option, value)
               .option("startingOffsets", config.starting_offsets))
     if config.max_offsets_per_trigger:
         reader = reader.option("maxOffsetsPerTrigger", str(config.max_offsets_per_trigger))
-    function, _ = batch_function(config, on_progress or (lambda p: print(progress_line(p), flush=True)))
-    writer = reader.load().writeStream.foreachBatch(function).option("checkpointLocation", config.checkpoint)
+    writer = reader.load().writeStream.foreachBatch(function).option("checkpointLocation", checkpoint)
     if config.available_now:
         writer = writer.trigger(availableNow=True)
     elif config.processing_time:
         writer = writer.trigger(processingTime=config.processing_time)
-    return writer.queryName(f"cdc_ingest:{config.topics}").start()
+    return writer.queryName(f"cdc_ingest:{value}").start()
 
 
 def progress_line(progress: dict[str, Any]) -> str:
