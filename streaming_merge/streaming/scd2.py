@@ -53,6 +53,7 @@ _NEW, _VERSION, _NEXT = "__sm_new_version__", "__sm_version__", "__sm_next__"
 _FIRST, _LAST = "__sm_first__", "__sm_last__"
 # A table row's content (data, __END_AT); from the batch?; a row's end as a delete; rows that go.
 _OLD, _BATCH, _MARKER, _GONE = "__sm_old__", "__sm_from_batch__", "__sm_marker__", "__sm_gone__"
+_BOUND = "__sm_oldest_event__"  # per touched key: history ending before it cannot change
 # At one (key, sequence value): a delete or truncate beats a batch upsert, which beats the table's row.
 _TABLE_ROW, _BATCH_UPSERT, _DELETE = 1, 2, 3
 
@@ -103,8 +104,8 @@ def history_changes(spec: CdcSpec, tracked: Sequence[str], events: DataFrame, cu
     ``events`` hold the fold of their whole event list.
 
     ``events``: the batch's events (table columns plus ``DELETE_FLAG``), one per (key,
-    sequence value). ``current``: the table's rows that may belong to those keys (or None for
-    a new table). ``deletes``: tombstones (keys and sequence columns) that may belong to
+    sequence value). ``current``: the table's rows of those keys that the batch can change
+    (``current_rows``; or None for a new table). ``deletes``: tombstones (keys and sequence columns) that may belong to
     them. ``truncates``: the sequence values of every truncate to apply (recorded ones and
     the batch's), as literals. Rows of other keys in ``current`` / ``deletes`` are ignored.
 
@@ -224,16 +225,28 @@ def truncate_spans(truncates: Sequence[Column]) -> tuple[Column, Column]:
 
 
 def current_rows(spark: SparkSession, snapshot: Snapshot, key_ranges: Mapping[str, tuple[Any, Any]],
-                 keys: Sequence[str], touched: DataFrame) -> DataFrame:
-    """The table's history rows of the keys in ``touched``, read only from the files whose
-    key stats overlap the batch's key range (decided on the driver, no Spark job)."""
+                 spec: CdcSpec, events: DataFrame, truncates: Sequence[Column]) -> DataFrame:
+    """The table's history rows that the batch's events can change, read only from the files
+    whose key stats overlap the batch's key range (decided on the driver, no Spark job).
+
+    Only versions of the touched keys that are current or end at or after the key's oldest
+    event in the batch (or the batch's oldest truncate) can change: a version that ended
+    before it keeps its interval and its content whatever the batch holds, and the version
+    after it opened a new one already. So a key with a long history costs what its recent
+    versions cost, not its whole history, every time it changes."""
     columns = [f.name for f in snapshot.schema.fields]
-    scope = ColumnScope("t", "s", columns, list(keys))
+    keys = list(spec.keys)
+    scope = ColumnScope("t", "s", columns, keys)
     ranges = [(k, *key_ranges[k], key_ranges[k][0] is not None) for k in keys if k in key_ranges]
     files = SkippingPlan((), ranges, scope, snapshot.schema, skip_nothing=False).select(
         spark, snapshot, [f for f in snapshot.files if f.num_records is None or f.num_records > 0])
-    rows = scan_files(spark, snapshot, files)
-    return rows.join(touched.select(*[F.col(_q(k)) for k in keys]).distinct(), list(keys), "left_semi")
+    oldest = F.min(spec.sequence())
+    if truncates:
+        oldest = F.least(oldest, *truncates)
+    bounds = events.groupBy(*[F.col(_q(k)) for k in keys]).agg(oldest.alias(_BOUND))
+    end = F.col(_q(END_AT))
+    return (scan_files(spark, snapshot, files).join(F.broadcast(bounds), keys, "inner")
+            .filter(end.isNull() | (end >= F.col(_BOUND))).drop(_BOUND))
 
 
 def check_table_columns(table: StructType, columns: Sequence[str], target: str) -> None:

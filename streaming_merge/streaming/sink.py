@@ -300,7 +300,7 @@ class MergeSink:
                 if self._spec is not None else []
             if self._scd_type == 2:
                 source, merge_stats = self._history_changes(spark, source, stats, snapshot, truncates,
-                                                            tombstone_snapshot)
+                                                            batch_truncates, tombstone_snapshot)
             elif truncates:
                 source, merge_stats = forget_truncated(source, self._spec, truncates[-1]), None
             self._ensure_table(spark, source)
@@ -442,7 +442,7 @@ class MergeSink:
         return builder
 
     def _history_changes(self, spark: SparkSession, events: DataFrame, stats: SourceStats,
-                         snapshot: Snapshot | None, truncates: Sequence[Column],
+                         snapshot: Snapshot | None, truncates: Sequence[Column], batch_truncates: Sequence[Column],
                          tombstone_snapshot: Snapshot | None) -> tuple[DataFrame, None]:
         """SCD 2: the MERGE source, the history rows to insert/update/delete for the batch's keys
         (materialized by the MERGE, which observes its statistics)."""
@@ -452,7 +452,7 @@ class MergeSink:
         current = None
         if snapshot is not None:
             check_table_columns(snapshot.schema, columns, self.target)
-            current = current_rows(spark, snapshot, stats.ranges, spec.keys, events)
+            current = current_rows(spark, snapshot, stats.ranges, spec, events, batch_truncates)
         deletes = None  # of keys the batch does not touch too: the fold ignores those
         if self._tombstones is not None:
             deletes = self._tombstones.overlapping(spark, tombstone_snapshot, stats.ranges)
