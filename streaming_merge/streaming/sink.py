@@ -285,14 +285,12 @@ class MergeSink:
                 source = source.select(*[F.col(f"`{c}`") for c in self._selection.columns(source.columns)])
             tombstones_started = time.monotonic()
             merge_stats: SourceStats | None = stats
-            filtered = None
             batch_events = source
             tombstone_snapshot: Snapshot | None = None
-            if self._tombstones is not None and self._scd_type == 2:
+            if self._tombstones is not None:
                 tombstone_snapshot = self._tombstones.snapshot()
-            elif self._tombstones is not None:
-                tombstone_snapshot = self._tombstones.snapshot()
-                filtered = self._tombstones.without_late(spark, source, stats.ranges, tombstone_snapshot)
+                filtered = self._tombstones.without_late(spark, source, stats.ranges, tombstone_snapshot) \
+                    if self._scd_type == 1 else None  # SCD 2 places late events in the history instead
                 if filtered is not None:
                     source, merge_stats = filtered, None  # the MERGE materializes it and counts what is left
             truncates = self._truncates(spark, truncate_values, tombstone_snapshot, source.schema)
@@ -315,8 +313,9 @@ class MergeSink:
                 self._recorded_truncates.update(truncate_values)
         finally:
             release(batch)
+        # SCD 1 events dropped as older than a tombstone or a truncate (the MERGE counted what was left)
         late = stats.rows - int(metrics["numSourceRows"] or 0) \
-            if filtered is not None and not truncate_values and not metrics["skipped"] else 0
+            if self._scd_type == 1 and merge_stats is None and not metrics["skipped"] else 0
         merge_ms = int(metrics["scanTimeMs"] or 0) + int(metrics["rewriteTimeMs"] or 0)
         compaction = (run_auto_compaction(spark, self._auto_compact, batch_id, snapshot, location)
                       if self._auto_compact is not None and not metrics["skipped"] else None)
