@@ -245,7 +245,9 @@ def current_rows(spark: SparkSession, snapshot: Snapshot, key_ranges: Mapping[st
         oldest = F.least(oldest, *truncates)
     bounds = events.groupBy(*[F.col(_q(k)) for k in keys]).agg(oldest.alias(_BOUND))
     end = F.col(_q(END_AT))
-    return (scan_files(spark, snapshot, files).join(F.broadcast(bounds), keys, "inner")
+    # No broadcast hint: Spark broadcasts the bounds of a small batch on its own and joins a large
+    # one by shuffling, instead of sending a million keys through the driver.
+    return (scan_files(spark, snapshot, files).join(bounds, keys, "inner")
             .filter(end.isNull() | (end >= F.col(_BOUND))).drop(_BOUND))
 
 
