@@ -51,6 +51,7 @@ from jobs.kafka_cdc_ingest import (
     change_options,
     progress_line,
     row_columns,
+    staged_again_on_lost_blocks,
     start_query,
 )
 from streaming_merge import MergeSink
@@ -66,9 +67,6 @@ from streaming_merge.kafka.routing import (
     record_key_fields,
 )
 from streaming_merge.merge.materialize import (
-    DEFAULT_STORAGE_LEVELS,
-    is_lost_block_error,
-    level_for_attempt,
     release,
     storage_level,
 )
@@ -282,17 +280,7 @@ class DatabaseBatches:
         self._owners: dict[str, str] = {}  # table path → the topic routed there in this process
 
     def __call__(self, records: DataFrame, batch_id: int) -> None:
-        for attempt in range(1, len(DEFAULT_STORAGE_LEVELS) + 1):
-            level = level_for_attempt(DEFAULT_STORAGE_LEVELS, attempt)
-            try:
-                progress = self._run_once(records, batch_id, level)
-                break
-            except Exception as exc:
-                if attempt == len(DEFAULT_STORAGE_LEVELS) or not is_lost_block_error(exc):
-                    raise
-                log.warning("Batch %d: a staged copy lost blocks on attempt %d (%s); staging it again from the "
-                            "Kafka records", batch_id, attempt, type(exc).__name__)
-        self._on_progress(progress)
+        self._on_progress(staged_again_on_lost_blocks(self._run_once, records, batch_id))
 
     def _run_once(self, records: DataFrame, batch_id: int, level: str) -> dict[str, Any]:
         spark = records.sparkSession

@@ -166,19 +166,27 @@ def batch_function(config: IngestConfig, on_progress: Callable[[dict[str, Any]],
         return progress
 
     def run(records: DataFrame, batch_id: int) -> None:
-        for attempt in range(1, len(DEFAULT_STORAGE_LEVELS) + 1):
-            level = level_for_attempt(DEFAULT_STORAGE_LEVELS, attempt)
-            try:
-                progress = run_once(records, batch_id, level)
-                break
-            except Exception as exc:
-                if attempt == len(DEFAULT_STORAGE_LEVELS) or not is_lost_block_error(exc):
-                    raise
-                log.warning("Batch %d: the decoded copy lost blocks on attempt %d (%s); staging it again from "
-                            "the Kafka records", batch_id, attempt, type(exc).__name__)
-        on_progress(progress)
+        on_progress(staged_again_on_lost_blocks(run_once, records, batch_id))
 
     return run, sink
+
+
+def staged_again_on_lost_blocks(run_once: Callable[[DataFrame, int, str], dict[str, Any]], records: DataFrame,
+                                batch_id: int) -> dict[str, Any]:
+    """``run_once(records, batch_id, storage_level)`` until it does not lose a block of its
+    staged copy, at the next storage level each time (bounded). The sinks cannot heal such a
+    loss (their retries re-read the same copy), so the batch is staged again from the Kafka
+    records; every commit of the batch is idempotent (Delta txn), so a rerun applies nothing twice."""
+    for attempt in range(1, len(DEFAULT_STORAGE_LEVELS) + 1):
+        level = level_for_attempt(DEFAULT_STORAGE_LEVELS, attempt)
+        try:
+            return run_once(records, batch_id, level)
+        except Exception as exc:
+            if attempt == len(DEFAULT_STORAGE_LEVELS) or not is_lost_block_error(exc):
+                raise
+            log.warning("Batch %d: the staged copy lost blocks on attempt %d (%s); staging it again from the "
+                        "Kafka records", batch_id, attempt, type(exc).__name__)
+    raise AssertionError("unreachable: the last attempt returns or raises")
 
 
 def start(spark: SparkSession, config: IngestConfig,
