@@ -263,17 +263,26 @@ def forget_truncated(events: DataFrame, spec: CdcSpec, truncated_at: Column) -> 
     kept = events.filter(spec.sequence() > truncated_at)
     if not spec.partial:
         return kept
-    data = set(spec.data_columns(events.columns))
-    columns = []
-    for column in events.columns:
-        value = F.col(f"`{column}`")
-        if column in data or column.startswith(PROVIDER_PREFIX):
-            provider = column if column.startswith(PROVIDER_PREFIX) else f"{PROVIDER_PREFIX}{column}"
-            value = F.when(F.col(f"`{provider}`") > truncated_at, value)
-        elif column == RESET_COL:
-            value = F.greatest(value, truncated_at)
-        columns.append(value.alias(column))
+    columns = values_newer_than(events.columns, spec, truncated_at)
+    columns = [F.greatest(F.col(f"`{RESET_COL}`"), truncated_at).alias(RESET_COL) if name == RESET_COL else column
+               for name, column in zip(events.columns, columns, strict=True)]
     return kept.select(*columns)
+
+
+def values_newer_than(columns: Sequence[str], spec: CdcSpec, threshold: Column, alias: str = "") -> list[Column]:
+    """``columns`` of a folded partial-update frame (``_fold_partial``), each data value and its
+    provider sequence kept only when the event it came from is newer than ``threshold`` (all
+    kept where ``threshold`` is NULL): what a delete or truncate at ``threshold`` erased is
+    forgotten. ``alias`` qualifies the columns (``"e."``) in a join."""
+    data = set(spec.data_columns(columns))
+    kept = []
+    for column in columns:
+        value = F.col(f"{alias}`{column}`")
+        if column in data or column.startswith(PROVIDER_PREFIX):
+            provider = F.col(f"{alias}`{column if column.startswith(PROVIDER_PREFIX) else PROVIDER_PREFIX + column}`")
+            value = F.when(threshold.isNull() | (provider > threshold), value)
+        kept.append(value.alias(column))
+    return kept
 
 
 def _fold_partial(rows: DataFrame, spec: CdcSpec, partitions: int) -> DataFrame:

@@ -21,7 +21,7 @@ from pyspark.sql import functions as F
 
 from streaming_merge.delta_table import DeltaTable
 from streaming_merge.merge.skipping import ColumnScope, SkippingPlan
-from streaming_merge.streaming.cdc import DELETE_FLAG, PROVIDER_PREFIX, CdcSpec
+from streaming_merge.streaming.cdc import DELETE_FLAG, CdcSpec, values_newer_than
 from streaming_merge.table.append import append_rows
 from streaming_merge.table.location import TableLocation
 from streaming_merge.table.scan import scan_files
@@ -121,16 +121,7 @@ class Tombstones:
         tombstone = F.col("d.__sm_tombstone__")
         final = spec.sequence()  # the sequence columns are only on the events' side
         kept = joined.filter(tombstone.isNull() | F.col(f"e.`{DELETE_FLAG}`") | (final > tombstone))
-        columns = []
-        data = set(spec.data_columns(events.columns))
-        for column in events.columns:
-            value = F.col(f"e.`{column}`")
-            if column in data or column.startswith(PROVIDER_PREFIX):
-                provider_name = column if column.startswith(PROVIDER_PREFIX) else f"{PROVIDER_PREFIX}{column}"
-                provider = F.col(f"e.`{provider_name}`")
-                value = F.when(tombstone.isNull() | (provider > tombstone), value)
-            columns.append(value.alias(column))
-        return kept.select(*columns)
+        return kept.select(*values_newer_than(events.columns, spec, tombstone, alias="e."))
 
     def record(self, spark: SparkSession, events: DataFrame, app_id: str, batch_id: int,
                snapshot: Snapshot | None = None, truncates: Sequence[Column] = ()) -> None:
