@@ -303,8 +303,9 @@ class MergeSink:
                 source, merge_stats = forget_truncated(source, self._spec, truncates[-1]), None
             self._ensure_table(spark, source)
             if self._tombstones is not None and (delete_events or truncate_values):
-                self._tombstones.record(spark, source if self._scd_type == 1 else batch_events, app_id, batch_id,
-                                        tombstone_snapshot, batch_truncates)
+                # From the materialized batch, not the late-event filter (which never drops a delete
+                # and would be computed once more for this append alone).
+                self._tombstones.record(spark, batch_events, app_id, batch_id, tombstone_snapshot, batch_truncates)
             tombstones_ms = _ms(tombstones_started)
             execute_started = time.monotonic()
             metrics = self._merge(spark, source, app_id, batch_id, merge_stats, snapshot, batch_truncates)
