@@ -3,6 +3,11 @@
     python -m bench.merge_profile                       # 1k-row upsert into a 100k-row table
     python -m bench.merge_profile --kind insert          # insert-only MERGE
     python -m bench.merge_profile --target-rows 1000000 --source-rows 100000 --source parquet
+    python -m bench.merge_profile --option broadcast_scan_min_bytes=0   # A/B: defaults vs these options
+
+With ``--option NAME=VALUE`` (``MergeOptions`` fields, integer values) every run is made twice, with
+the defaults and with the options, in alternating order, and a table is printed for each: an A/B
+comparison on the same data in one process.
 
 Jobs are counted by Spark's status tracker for a job group per phase (``streaming_merge._profile``),
 so broadcast and shuffle-stage jobs are included and nothing is inferred from reading code. Each run
@@ -45,10 +50,12 @@ class Py4jCounter:
         client.send_command = counting
 
 
-def _merge(spark: Any, table_path: Path, source: Any, kind: str) -> Any:
+def _merge(spark: Any, table_path: Path, source: Any, kind: str, options: dict[str, int]) -> Any:
     from streaming_merge import DeltaTable
 
     builder = DeltaTable.forPath(spark, str(table_path)).alias("t").merge(source.alias("s"), "t.id = s.id")
+    if options:
+        builder = builder.withOptions(**options)
     if kind in ("upsert", "matched"):
         builder = builder.whenMatchedUpdateAll()
     if kind in ("upsert", "insert"):
@@ -67,7 +74,13 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="parquet: a Parquet folder (materialized, like a micro-batch); local: Arrow data")
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--option", action="append", default=[], metavar="NAME=VALUE",
+                        help="a MergeOptions field (integer value); compared against the defaults")
     args = parser.parse_args(argv)
+    options = {name: int(value) for name, value in (o.split("=", 1) for o in args.option)}
+    variants: list[tuple[str, dict[str, int]]] = [("defaults", {})]
+    if options:
+        variants.append((", ".join(args.option), options))
 
     from streaming_merge._profile import phase, profiling
     from streaming_merge.session import local_session
@@ -86,27 +99,36 @@ def main(argv: Sequence[str] | None = None) -> int:
         source_dir.mkdir()
         pq.write_table(batch, source_dir / "part-0.parquet")
 
-        rows: list[dict[str, Any]] = []
+        results: dict[str, list[dict[str, Any]]] = {name: [] for name, _ in variants}
         for run in range(args.warmup + args.runs):
-            run_dir = work / f"run-{run}"
-            shutil.copytree(master, run_dir)
-            source = (spark.read.parquet(str(source_dir)) if args.source == "parquet"
-                      else spark.createDataFrame(batch))
-            calls_before = counter.calls
-            with profiling() as profile, phase(spark, "(outside phases)"):
-                started = time.perf_counter()
-                metrics = _merge(spark, run_dir, source, args.kind)
-                total_ms = (time.perf_counter() - started) * 1000
-            if run >= args.warmup:
-                rows.append({"total": total_ms, "jobs": profile.jobs, "loads": profile.log_loads,
-                             "updates": profile.log_updates, "py4j": counter.calls - calls_before,
-                             "phases": {p.name: p for p in profile.phases.values()},
-                             "metrics": metrics})
-            shutil.rmtree(run_dir)
+            for name, chosen in (variants if run % 2 == 0 else variants[::-1]):
+                run_dir = work / f"run-{run}"
+                shutil.copytree(master, run_dir)
+                source = (spark.read.parquet(str(source_dir)) if args.source == "parquet"
+                          else spark.createDataFrame(batch))
+                calls_before = counter.calls
+                with profiling() as profile, phase(spark, "(outside phases)"):
+                    started = time.perf_counter()
+                    metrics = _merge(spark, run_dir, source, args.kind, chosen)
+                    total_ms = (time.perf_counter() - started) * 1000
+                if run >= args.warmup:
+                    results[name].append({"total": total_ms, "jobs": profile.jobs, "loads": profile.log_loads,
+                                          "updates": profile.log_updates, "py4j": counter.calls - calls_before,
+                                          "phases": {p.name: p for p in profile.phases.values()},
+                                          "metrics": metrics})
+                shutil.rmtree(run_dir)
     finally:
         shutil.rmtree(work, ignore_errors=True)
         spark.stop()
 
+    for name, rows in results.items():
+        if len(results) > 1:
+            print(f"\n== {name}")
+        _report(args, rows)
+    return 0
+
+
+def _report(args: argparse.Namespace, rows: list[dict[str, Any]]) -> None:
     print(f"MERGE profile: {args.kind}, {args.source_rows:,} source rows ({args.source}) into "
           f"{args.target_rows:,} rows in {args.target_files} files, {args.key_dist} keys; "
           f"median of {args.runs} runs after {args.warmup} warm-ups")
@@ -130,7 +152,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"last run: files removed/added {m['numTargetFilesRemoved']}/{m['numTargetFilesAdded']}, "
           f"updated {m['numTargetRowsUpdated']}, inserted {m['numTargetRowsInserted']}, "
           f"copied {m['numTargetRowsCopied']}, files after skipping {m['numTargetFilesAfterSkipping']}")
-    return 0
 
 
 if __name__ == "__main__":

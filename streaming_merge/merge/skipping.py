@@ -138,17 +138,33 @@ def _attributes(node: Any) -> list[Any]:
 
 def key_pairs(condition: Column, scope: ColumnScope) -> list[tuple[str, str]]:
     """``(target column, source column)`` for every ``t.a = s.b`` conjunct of the ON condition."""
-    pairs = []
+    return [pair for conjunct in split_conjuncts(catalyst(condition))
+            if (pair := _key_pair(conjunct, scope)) is not None]
+
+
+def _key_pair(conjunct: Any, scope: ColumnScope) -> tuple[str, str] | None:
+    if _kind(conjunct) != "EqualTo":
+        return None
+    left, right = _children(conjunct)
+    for t_node, s_node in ((left, right), (right, left)):
+        t_col, s_col = scope.target_column(t_node), scope.source_column(s_node)
+        if t_col and s_col:
+            return t_col, s_col
+    return None
+
+
+def matches_by_key(condition: Column, scope: ColumnScope) -> bool:
+    """True when whether a source row matches depends on its key-pair columns alone: every
+    conjunct of the ON condition is a ``t.a = s.b`` pair or reads no source column, so the
+    source rows of one key all match or none does (and the unmatched ones can be found by
+    key from the matched ones)."""
+    pairs = 0
     for conjunct in split_conjuncts(catalyst(condition)):
-        if _kind(conjunct) != "EqualTo":
-            continue
-        left, right = _children(conjunct)
-        for t_node, s_node in ((left, right), (right, left)):
-            t_col, s_col = scope.target_column(t_node), scope.source_column(s_node)
-            if t_col and s_col:
-                pairs.append((t_col, s_col))
-                break
-    return pairs
+        if _key_pair(conjunct, scope) is not None:
+            pairs += 1
+        elif _attributes(conjunct) and not scope.is_target_only(conjunct):
+            return False
+    return pairs > 0
 
 
 def target_only_conjuncts(conditions: Sequence[Column], scope: ColumnScope) -> list[Any]:

@@ -83,6 +83,7 @@ def find_touched_files(
     *,
     keep_unmatched_source: str | None = None,
     single_match: bool = False,
+    broadcast_source: bool = False,
 ) -> TouchedFiles:
     """Touched files among ``candidates``; raises on multiple matches (Delta's rule).
 
@@ -93,6 +94,13 @@ def find_touched_files(
     rows that matched nothing (the inserts) can be written later without joining again.
     ``single_match``: the caller proved that no target row can match twice (unique source
     keys joined by equality of the same types), so the per-row count and its shuffle go.
+
+    ``broadcast_source``: the caller found the source small enough to broadcast and the
+    target big enough that shuffling all its keys costs more than the broadcast's job; the
+    target's keys are then streamed past the broadcast source (an inner join, nothing of the
+    target shuffled). The unmatched source rows are then those whose key no match carried
+    (``key_pairs`` must decide matching alone, ``matches_by_key``): a left anti join of two
+    small sides, evaluated by whoever reads them.
     """
     source_alias, target_alias = resolved.source_alias, resolved.target_alias
     if not candidates:
@@ -110,15 +118,23 @@ def find_touched_files(
                F.try_element_at(file_ids, F.col(FILE_PATH_COL)),
                F.raise_error(F.concat(F.lit("MERGE scanned a file it did not select: "), F.col(FILE_PATH_COL)))))
            .drop(FILE_PATH_COL))
-    if key_pairs:
-        src = src.repartition(partitions, *[F.col(f"`{s}`") for _, s in key_pairs])
-        tgt = tgt.repartition(partitions, *[F.col(f"`{t}`") for t, _ in key_pairs])
-    src = src.alias(source_alias).withColumn(SOURCE_PRESENT, F.lit(True)).hint("shuffle_hash")
-    tgt = tgt.alias(target_alias).withColumn(TARGET_PRESENT, F.lit(True))
     clauses = resolved.clauses
     has_nmbs = bool(resolved.not_matched_by_source)
-    join_type = "right_outer" if has_nmbs else "left_outer" if keep_unmatched_source else "inner"
-    joined = src.join(tgt, resolved.condition, join_type)
+    if broadcast_source:
+        if has_nmbs or (keep_unmatched_source and not key_pairs):
+            raise ValueError("a broadcast findTouchedFiles keeps no unmatched target rows and finds the unmatched "
+                             "source rows by key")
+        src = F.broadcast(src.alias(source_alias).withColumn(SOURCE_PRESENT, F.lit(True)))
+        tgt = tgt.alias(target_alias).withColumn(TARGET_PRESENT, F.lit(True))
+        joined = tgt.join(src, resolved.condition, "inner")
+    else:
+        if key_pairs:
+            src = src.repartition(partitions, *[F.col(f"`{s}`") for _, s in key_pairs])
+            tgt = tgt.repartition(partitions, *[F.col(f"`{t}`") for t, _ in key_pairs])
+        src = src.alias(source_alias).withColumn(SOURCE_PRESENT, F.lit(True)).hint("shuffle_hash")
+        tgt = tgt.alias(target_alias).withColumn(TARGET_PRESENT, F.lit(True))
+        join_type = "right_outer" if has_nmbs else "left_outer" if keep_unmatched_source else "inner"
+        joined = src.join(tgt, resolved.condition, join_type)
 
     matched_touch = any_of(resolved.matched) if clauses.is_matched_only else F.lit(True)
     unmatched_touch = any_of(resolved.not_matched_by_source) if has_nmbs else F.lit(False)
@@ -127,8 +143,11 @@ def find_touched_files(
     )
     key_columns = [t for t, _ in key_pairs]
     source_columns = [c for c in source.columns if c not in (SOURCE_PRESENT, TARGET_PRESENT)]
+    kept_source = ([] if not keep_unmatched_source
+                   else [qualified(source_alias, s).alias(_source_key(i)) for i, (_, s) in enumerate(key_pairs)]
+                   if broadcast_source else [qualified(source_alias, c).alias(c) for c in source_columns])
     rows = joined.select(
-        *([qualified(source_alias, c).alias(c) for c in source_columns] if keep_unmatched_source else []),
+        *kept_source,
         F.col(SOURCE_PRESENT), F.col(FILE_ID_COL), F.col(ROW_INDEX_COL), touch.cast("int").alias(TOUCH_COL),
         *[qualified(target_alias, k).alias(f"key_{i}") for i, k in enumerate(key_columns)],
     )
@@ -160,9 +179,32 @@ def find_touched_files(
     touched = [candidates[row[FILE_ID_COL]] for row in summary if row["touch"]]
     matched_rows = sum(int(row["matched_rows"] or 0) for row in summary)
     unmatched = None
-    if checkpoint is not None:
+    if checkpoint is not None and broadcast_source:
+        unmatched = _without_matched_keys(source, checkpoint, [s for _, s in key_pairs], partitions)
+    elif checkpoint is not None:
         unmatched = checkpoint.filter(F.col(FILE_ID_COL).isNull()).select(*[F.col(f"`{c}`") for c in source_columns])
     return TouchedFiles(touched, matched_rows, unmatched, checkpoint)
+
+
+def _without_matched_keys(source: DataFrame, matches: DataFrame, source_keys: Sequence[str],
+                          partitions: int) -> DataFrame:
+    """The source rows whose key no match carried. Both sides are small (the source fits a
+    broadcast; the matches are the matched target rows), so they are hash-partitioned inside
+    the write's job rather than broadcast by a job of their own; no ``distinct``, which would
+    add an aggregation's shuffle and changes nothing for an anti join."""
+    keys = [_source_key(i) for i in range(len(source_keys))]
+    matched = (matches.select(*[F.col(k) for k in keys])
+               .repartition(partitions, *[F.col(k) for k in keys]).hint("shuffle_hash"))
+    condition = None
+    for name, key in zip(source_keys, keys, strict=True):
+        equal = F.col(f"__sm_src.`{name}`") == F.col(key)
+        condition = equal if condition is None else condition & equal
+    side = source.repartition(partitions, *[F.col(f"`{k}`") for k in source_keys]).alias("__sm_src")
+    return side.join(matched, condition, "left_anti")
+
+
+def _source_key(position: int) -> str:
+    return f"__sm_source_key_{position}__"
 
 
 def _raise_multiple_matches(offending: list, key_columns: Sequence[str], spark_paths: Sequence[str]) -> None:

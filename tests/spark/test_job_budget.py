@@ -61,6 +61,34 @@ def test_upsert_merge_runs_at_most_four_jobs_and_loads_the_log_once(
     assert table[6]["status"] == "old"
 
 
+@pytest.mark.parametrize("on, expected_jobs", [
+    ("t.id = s.id", 5),  # materialize, broadcast, findTouchedFiles, broadcast, write
+    ("t.id = s.id AND t.amount >= 0", 5),  # a target-only conjunct: still decided by key
+    ("t.id = s.id AND s.amount > 0", 4),  # a source column besides the key: the shuffled join
+])
+def test_large_scan_streams_the_target_past_the_broadcast_source(
+        spark: SparkSession, orders: str, tmp_path: Path, on: str, expected_jobs: int) -> None:
+    """``broadcast_scan_min_bytes=0`` makes every scan "large": findTouchedFiles broadcasts the
+    source (one job more, no target key shuffled) and the inserts come from the source keys no
+    match carried; a condition reading a source column besides the key keeps the shuffle."""
+    rows = [(5, 1, "new"), (1500, 2, "new"), (1501, 3, "new"), (9000, 4, "new"), (9001, 5, "new")]
+    source = parquet_source(spark, tmp_path / "src", rows)
+
+    def upsert() -> Any:
+        return (DeltaTable.forPath(spark, orders).alias("t").merge(source.alias("s"), on)
+                .whenMatchedUpdateAll().whenNotMatchedInsertAll()
+                .withOptions(broadcast_scan_min_bytes=0).execute())
+
+    jobs, metrics = jobs_of(spark, upsert)
+    assert jobs == expected_jobs
+    assert (metrics["numTargetRowsUpdated"], metrics["numTargetRowsInserted"], metrics["numSourceRows"],
+            metrics["numTargetRowsCopied"]) == (3, 2, 5, 997)
+    table = by_id(orders)
+    assert len(table) == 2002
+    assert {i for i, r in table.items() if r["status"] == "new"} == {5, 1500, 1501, 9000, 9001}
+    assert table[9001]["amount"] == 5 and table[1501]["amount"] == 3 and table[6]["amount"] == 60
+
+
 def test_insert_only_merge_runs_at_most_three_jobs(spark: SparkSession, orders: str, tmp_path: Path) -> None:
     source = parquet_source(spark, tmp_path / "src", [(7, 1, "dup"), (5000, 2, "new")])
 
