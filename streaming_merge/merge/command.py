@@ -26,6 +26,7 @@ from streaming_merge.merge.clauses import ClauseSet, MergeClause, expr_text
 from streaming_merge.merge.materialize import (
     DEFAULT_STORAGE_LEVELS,
     MaterializePolicy,
+    carries_local_rows,
     is_lost_block_error,
     is_stable,
     level_for_attempt,
@@ -166,7 +167,9 @@ def run_merge(spark: SparkSession, request: MergeRequest) -> MergeMetrics:
     clauses = ClauseSet.of(request.clauses)
     clauses.validate()
     options = request.options
-    materializing = should_materialize(options.materialize_source, request.source, clauses.is_insert_only)
+    materializing = should_materialize(options.materialize_source, request.source, clauses.is_insert_only) or (
+        options.materialize_source == "auto" and not clauses.is_insert_only and options.source_stats is None
+        and carries_local_rows(request.source))
     with merge_conf(spark):
         for attempt in range(1, options.max_attempts + 1):
             level = level_for_attempt(options.storage_levels, attempt)

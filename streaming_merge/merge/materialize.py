@@ -61,6 +61,15 @@ def is_stable(source: DataFrame) -> bool:
     return True
 
 
+def carries_local_rows(source: DataFrame) -> bool:
+    """True when the plan reads rows held in the plan itself (``createDataFrame`` of local
+    data). Such a source is stable, so Delta's rule does not materialize it, but every task
+    that reads it gets those rows serialized into it, and a MERGE reads its source up to three
+    times: copying it once costs the one job that counting it would have cost anyway."""
+    leaves = source._jdf.queryExecution().analyzed().collectLeaves()
+    return any(str(leaves.apply(i).getClass().getSimpleName()) == "LocalRelation" for i in range(leaves.size()))
+
+
 def _is_pinned_scan(leaf: Any) -> bool:
     try:
         options = leaf.relation().options()
