@@ -289,8 +289,10 @@ def _resolution_key(spark: SparkSession, request: MergeRequest, clauses: ClauseS
     flat = [t for item in texts for t in (item if isinstance(item, tuple) else (item,))]
     if not all(t is None or isinstance(t, str) for t in flat):
         return None
-    return (id(spark), request.source.schema.json(), request.source_alias, snapshot.schema.json(),
-            tuple(snapshot.partition_columns), request.target_alias,
+    # The JVM session, not the Python object: foreachBatch hands every micro-batch a new Python
+    # wrapper of the query's one session, and keying by it made every batch resolve afresh.
+    return (spark._jsparkSession.sessionUUID(), request.source.schema.json(), request.source_alias,
+            snapshot.schema.json(), tuple(snapshot.partition_columns), request.target_alias,
             request.schema_evolution, request.options.source_key_range_skipping, tuple(flat))
 
 

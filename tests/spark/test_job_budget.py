@@ -89,6 +89,28 @@ def test_large_scan_streams_the_target_past_the_broadcast_source(
     assert table[9001]["amount"] == 5 and table[1501]["amount"] == 3 and table[6]["amount"] == 60
 
 
+def test_resolution_is_reused_across_python_wrappers_of_one_session(
+        spark: SparkSession, orders: str, tmp_path: Path) -> None:
+    """foreachBatch wraps the query's session in a new Python SparkSession every micro-batch;
+    the same MERGE must still be resolved once, not once per batch."""
+    from streaming_merge.merge import command
+
+    def upsert(session: SparkSession, rows: list[tuple[int, int, str]], name: str) -> Any:
+        source = session.read.parquet(str(parquet_source(spark, tmp_path / name, rows).inputFiles()[0]))
+        return (DeltaTable.forPath(session, orders).alias("t").merge(source.alias("s"), "t.id = s.id")
+                .whenMatchedUpdateAll().whenNotMatchedInsertAll().execute())
+
+    upsert(spark, [(1, 1, "first")], "a")
+    cached = len(command._resolved_cache)
+    wrapper = SparkSession(spark.sparkContext, spark._jsparkSession)
+    assert wrapper is not spark
+    metrics = upsert(wrapper, [(2, 2, "second"), (7000, 3, "second")], "b")
+    assert len(command._resolved_cache) == cached, "a new Python wrapper of the same session resolved again"
+    assert (metrics["numTargetRowsUpdated"], metrics["numTargetRowsInserted"]) == (1, 1)
+    table = by_id(orders)
+    assert (table[1]["status"], table[2]["status"], table[7000]["status"]) == ("first", "second", "second")
+
+
 def test_insert_only_merge_runs_at_most_three_jobs(spark: SparkSession, orders: str, tmp_path: Path) -> None:
     source = parquet_source(spark, tmp_path / "src", [(7, 1, "dup"), (5000, 2, "new")])
 
