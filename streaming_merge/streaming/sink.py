@@ -320,6 +320,8 @@ class MergeSink:
         merge_ms = int(metrics["scanTimeMs"] or 0) + int(metrics["rewriteTimeMs"] or 0)
         compaction = (run_auto_compaction(spark, self._auto_compact, batch_id, snapshot, location)
                       if self._auto_compact is not None and not metrics["skipped"] else None)
+        if self._tombstones is not None and (delete_events or truncate_values):
+            self._tombstones.compact_if_due(spark, batch_id, tombstone_snapshot)
         self._report(MergeProgress(
             batchId=batch_id, appId=app_id, tableVersion=metrics["tableVersion"],  # type: ignore[arg-type]
             skipped=bool(metrics["skipped"]), attempts=attempt, numInputRows=num_input,

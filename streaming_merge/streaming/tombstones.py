@@ -22,6 +22,7 @@ from pyspark.sql import functions as F
 from streaming_merge.delta_table import DeltaTable
 from streaming_merge.merge.skipping import ColumnScope, SkippingPlan
 from streaming_merge.streaming.cdc import DELETE_FLAG, CdcSpec, values_newer_than
+from streaming_merge.streaming.compaction import AutoCompact, run_auto_compaction
 from streaming_merge.table.append import append_rows
 from streaming_merge.table.location import TableLocation
 from streaming_merge.table.scan import scan_files
@@ -30,6 +31,10 @@ from streaming_merge.table.snapshot import Snapshot, load_snapshot, table_exists
 log = logging.getLogger(__name__)
 
 DELETED_AT = "deleted_at"
+# Every batch with deletes appends one small file, and every later batch's lookup opens each
+# file whose key range overlaps its keys (with uniform keys: all of them), so the lookup grew
+# with the stream's age. At this many small files the table is compacted after the batch.
+COMPACT_SMALL_FILES = 10
 
 
 class Tombstones:
@@ -147,6 +152,16 @@ class Tombstones:
         append_rows(spark, deletes, self.path, app_id, batch_id, snapshot)
         if self._purge_every and batch_id > 0 and batch_id % self._purge_every == 0:
             self.purge(spark)
+
+    def compact_if_due(self, spark: SparkSession, batch_id: int, before: Snapshot | None) -> None:
+        """Bin-pack the tombstone files once ``COMPACT_SMALL_FILES`` small ones piled up (an
+        OPTIMIZE commit, no data change); ``before``: the table as this batch found it. Called
+        after the batch's MERGE committed, so it never delays or fails the batch."""
+        result = run_auto_compaction(spark, AutoCompact(min_small_files=COMPACT_SMALL_FILES), batch_id, before,
+                                     self.path)
+        if result is not None and result["error"] is None:
+            log.info("Compacted %d tombstone files of %s into %d", result["numFilesRemoved"], self.path,
+                     result["numFilesAdded"])
 
     def purge(self, spark: SparkSession, now: dt.datetime | None = None) -> int:
         """Delete tombstones older than the retention; returns how many went."""

@@ -1,4 +1,5 @@
-"""Idempotent blind appends (dead-letter rows, audit tables): write + commit with a txn."""
+"""Idempotent blind appends of a micro-batch's side rows (tombstones, dead letters): write +
+commit with a txn."""
 
 from __future__ import annotations
 
@@ -25,8 +26,11 @@ def append_rows(spark: SparkSession, df: DataFrame, path: TableRef, app_id: str,
     applied = snapshot.transaction_version(app_id)
     if applied is not None and applied >= version:
         return None
-    written = write_files(spark, df.select(*[f"`{f.name}`" for f in snapshot.schema.fields]), location,
-                          snapshot.schema, snapshot.partition_columns)
+    # One file per append: these are a micro-batch's side rows (its deletes, its dead letters),
+    # few, and written with the batch's partitioning they made one tiny file per partition,
+    # which every later tombstone lookup had to open.
+    written = write_files(spark, df.coalesce(1).select(*[f"`{f.name}`" for f in snapshot.schema.fields]),
+                          location, snapshot.schema, snapshot.partition_columns)
     try:
         return commit(CommitRequest(snapshot=snapshot, adds=written, removes=[], operation="WRITE",
                                     operation_parameters={"mode": "Append"},

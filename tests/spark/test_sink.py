@@ -64,6 +64,32 @@ def test_late_insert_never_resurrects_a_deleted_row(spark: SparkSession, table_p
     assert table_state(read(table_path))[1]["name"] == "again"
 
 
+def test_tombstone_table_is_compacted_and_still_drops_late_events(spark: SparkSession, table_path: str) -> None:
+    """Each batch with deletes adds a tombstone file and every later lookup reads them all,
+    so the sink bin-packs them at COMPACT_SMALL_FILES; the compacted tombstones still work."""
+    from streaming_merge.streaming.tombstones import COMPACT_SMALL_FILES
+
+    sink = cdc_sink(table_path)
+    batches = COMPACT_SMALL_FILES + 2
+    for batch_id in range(batches):
+        sink(frame(spark, [{"id": batch_id, "lsn": 100 + batch_id, "op": "d", "name": None, "amount": None},
+                           {"id": 1000 + batch_id, "lsn": 100 + batch_id, "op": "c", "name": "x", "amount": 1}]),
+             batch_id)
+    tombstones = deltalake.DeltaTable(f"{table_path}_tombstones")
+    assert len(tombstones.file_uris()) < COMPACT_SMALL_FILES
+    assert any(h.get("userOperation") == "OPTIMIZE" for h in tombstones.history())
+    assert sorted((t["id"], t["lsn"]) for t in read(f"{table_path}_tombstones")) == [
+        (i, 100 + i) for i in range(batches)]
+    # Late inserts of keys deleted in the first (compacted) batches: dropped; a newer one: applied.
+    sink(frame(spark, [{"id": 0, "lsn": 50, "op": "c", "name": "late", "amount": 2},
+                       {"id": 1, "lsn": 99, "op": "u", "name": "late", "amount": 2},
+                       {"id": 2, "lsn": 500, "op": "c", "name": "new", "amount": 3}]), batches)
+    state = table_state(read(table_path))
+    assert 0 not in state and 1 not in state and state[2]["name"] == "new"
+    assert sink.lastProgress["numLateRowsDropped"] == 2
+    assert sorted(k for k in state if k >= 1000) == [1000 + i for i in range(batches)]
+
+
 def test_tombstones_past_retention_are_purged(spark: SparkSession, table_path: str) -> None:
     import datetime as dt
 
