@@ -156,7 +156,8 @@ class Tombstones:
     def compact_if_due(self, spark: SparkSession, batch_id: int, before: Snapshot | None) -> None:
         """Bin-pack the tombstone files once ``COMPACT_SMALL_FILES`` small ones piled up (an
         OPTIMIZE commit, no data change); ``before``: the table as this batch found it. Called
-        after the batch's MERGE committed, so it never delays or fails the batch."""
+        after the batch's MERGE committed: it never delays that commit, and a failure is
+        logged, never raised (the next batch with deletes tries again)."""
         result = run_auto_compaction(spark, AutoCompact(min_small_files=COMPACT_SMALL_FILES), batch_id, before,
                                      self.path)
         if result is not None and result["error"] is None:
