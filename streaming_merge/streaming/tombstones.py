@@ -158,6 +158,10 @@ class Tombstones:
         OPTIMIZE commit, no data change); ``before``: the table as this batch found it. Called
         after the batch's MERGE committed: it never delays that commit, and a failure is
         logged, never raised (the next batch with deletes tries again)."""
+        if before is not None and len(before.files) + 1 < COMPACT_SMALL_FILES:
+            # This batch appended one file, so the table cannot hold that many small ones yet: no
+            # log read. (A purge batch may add more; the next batch with deletes then counts them.)
+            return
         result = run_auto_compaction(spark, AutoCompact(min_small_files=COMPACT_SMALL_FILES), batch_id, before,
                                      self.path)
         if result is not None and result["error"] is None:

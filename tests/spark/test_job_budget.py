@@ -96,7 +96,8 @@ def test_resolution_is_reused_across_python_wrappers_of_one_session(
     from streaming_merge.merge import command
 
     def upsert(session: SparkSession, rows: list[tuple[int, int, str]], name: str) -> Any:
-        source = session.read.parquet(str(parquet_source(spark, tmp_path / name, rows).inputFiles()[0]))
+        parquet_source(spark, tmp_path / name, rows)
+        source = session.read.parquet(str(tmp_path / name))
         return (DeltaTable.forPath(session, orders).alias("t").merge(source.alias("s"), "t.id = s.id")
                 .whenMatchedUpdateAll().whenNotMatchedInsertAll().execute())
 
