@@ -183,7 +183,9 @@ class PreparedBatch:
     with a NULL key (flagged ``NULL_KEY_FLAG``, kept for the dead-letter table), and the
     observations that job fills in.
 
-    ``counts`` (over the raw batch): ``rows``, ``nullKeys``, ``deletes``. ``stats`` (over
+    ``counts`` (over the raw batch): ``rows``, ``nullKeys``, ``deletes``, with ``sequence_by``
+    ``sequenceLo`` and ``sequenceNulls`` (the least first sequence value of the events with a
+    key, and how many of them have none). ``stats`` (over
     the events kept): ``rows`` and ``lo{i}``/``hi{i}``, the min/max of the i-th key column,
     in the form ``streaming_merge.merge.skipping.source_stats_of`` reads.
     """
@@ -207,6 +209,13 @@ def prepare_observed(batch: DataFrame, spec: CdcSpec, partitions: int) -> Prepar
     counts, stats = Observation(), Observation()
     observed = [F.count(F.lit(1)).alias("rows"), F.count(F.when(F.col(NULL_KEY_FLAG), 1)).alias("nullKeys"),
                 F.count(F.when(F.col(DELETE_FLAG), 1)).alias("deletes")]
+    if spec.sequence_by:
+        # The oldest event's (first) sequence value, and how many events have none: a batch
+        # whose every event is newer than every tombstone needs no tombstone lookup.
+        first = F.col(f"`{spec.sequence_by[0]}`")
+        valid_event = ~F.col(NULL_KEY_FLAG) & ~F.col(TRUNCATE_FLAG)
+        observed += [F.min(F.when(valid_event, first)).alias("sequenceLo"),
+                     F.count(F.when(valid_event & first.isNull(), 1)).alias("sequenceNulls")]
     if spec.truncate_when is not None:
         if not spec.sequence_by:
             raise ValueError("apply_as_truncates needs sequence_by: a truncate applies as of its sequence value")

@@ -265,7 +265,7 @@ class MergeSink:
             materialize_ms = _ms(materialize_started)
             if self._phase_hook:
                 self._phase_hook("after_materialize", batch)
-            num_input, null_keys, delete_events, truncate_values = counts
+            num_input, null_keys, delete_events, truncate_values, oldest_sequence = counts
             if num_input == 0:
                 self._report(MergeProgress(
                     batchId=batch_id, appId=app_id, tableVersion=None, skipped=False, attempts=attempt,
@@ -289,7 +289,8 @@ class MergeSink:
             tombstone_snapshot: Snapshot | None = None
             if self._tombstones is not None:
                 tombstone_snapshot = self._tombstones.snapshot()
-                filtered = self._tombstones.without_late(spark, source, stats.ranges, tombstone_snapshot) \
+                filtered = self._tombstones.without_late(spark, source, stats.ranges, tombstone_snapshot,
+                                                         oldest_sequence) \
                     if self._scd_type == 1 else None  # SCD 2 places late events in the history instead
                 if filtered is not None:
                     source, merge_stats = filtered, None  # the MERGE materializes it and counts what is left
@@ -333,14 +334,15 @@ class MergeSink:
             numTruncates=len(truncate_values)))
 
     def _materialize(self, spark: SparkSession, batch_df: DataFrame, level: str
-                     ) -> tuple[DataFrame, tuple[int, int, int, list[Any]], SourceStats]:
+                     ) -> tuple[DataFrame, tuple[int, int, int, list[Any], Any], SourceStats]:
         """The batch, prepared (one event per key, NULL-key rows flagged), checkpointed in one
-        job that also observes (rows, NULL-key rows, delete events) and the key ranges."""
+        job that also observes (rows, NULL-key rows, delete events, truncate values, the oldest
+        event's first sequence value or None when an event has none) and the key ranges."""
         if self._spec is None:
             observation = Observation()
             frame, _ = materialize(batch_df.observe(observation, F.count(F.lit(1)).alias("rows")), level)
             rows = int(observation.get.get("rows") or 0)
-            return frame, (rows, 0, 0, []), SourceStats(rows, {})
+            return frame, (rows, 0, 0, [], None), SourceStats(rows, {})
         prepared = prepare_observed(batch_df, self._spec, max(1, int(spark.sparkContext.defaultParallelism)))
         frame, _ = materialize(prepared.frame, level)
         stats = source_stats_of(prepared.stats.get, list(self._spec.keys))
@@ -350,8 +352,9 @@ class MergeSink:
             stats = dataclasses.replace(stats, unique_keys=tuple(self._spec.keys))
         observed = prepared.counts.get
         truncates = [v for v in observed.get("truncates") or [] if v is not None]
+        oldest = observed.get("sequenceLo") if not observed.get("sequenceNulls") else None
         return frame, (int(observed["rows"] or 0), int(observed["nullKeys"] or 0), int(observed["deletes"] or 0),
-                       truncates), stats
+                       truncates, oldest), stats
 
     def _resolve_app_id(self, spark: SparkSession) -> str:
         if self._app_id:

@@ -16,8 +16,10 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 from urllib.parse import unquote
 
+import pyarrow as pa
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
+from pyspark.sql.types import IntegralType
 
 from streaming_merge.delta_table import DeltaTable
 from streaming_merge.merge.skipping import ColumnScope, SkippingPlan
@@ -26,7 +28,7 @@ from streaming_merge.streaming.compaction import AutoCompact, run_auto_compactio
 from streaming_merge.table.append import append_rows
 from streaming_merge.table.location import TableLocation
 from streaming_merge.table.scan import scan_files
-from streaming_merge.table.snapshot import Snapshot, load_snapshot, table_exists
+from streaming_merge.table.snapshot import DataFile, Snapshot, load_snapshot, table_exists
 
 log = logging.getLogger(__name__)
 
@@ -58,17 +60,23 @@ class Tombstones:
         return load_snapshot(self.path) if table_exists(self.path) else None
 
     def without_late(self, spark: SparkSession, events: DataFrame, key_ranges: Mapping[str, tuple[Any, Any]],
-                     snapshot: Snapshot | None) -> DataFrame | None:
+                     snapshot: Snapshot | None, oldest_sequence: Any = None) -> DataFrame | None:
         """``events`` minus the inserts/updates not newer than a tombstone of their key, or None
-        when no tombstone file can hold one of the batch's keys (decided on the driver from the
-        files' key stats against the batch's key range: no Spark job, no scan of tombstones).
+        when no tombstone can make one of them late, decided on the driver from the tombstone
+        files' stats (no Spark job, no scan of tombstones): no file's key range overlaps the
+        batch's, or every overlapping file's newest sequence value is older than
+        ``oldest_sequence`` (the batch's oldest first sequence value, None when unknown or when
+        an event has none). In-order streams (every event newer than every earlier delete, the
+        usual case) thus pay nothing for tombstones but the append of their own deletes.
 
         The result is a lazy anti join against the overlapping tombstone files only, for the
         MERGE to materialize together with its own source statistics.
         """
-        overlapping = self.overlapping(spark, snapshot, key_ranges)
-        if overlapping is None:
+        files = self._overlapping_files(spark, snapshot, key_ranges)
+        if not files or self._all_older_than(snapshot, files, oldest_sequence):
             return None
+        assert snapshot is not None
+        overlapping = self._scan(spark, snapshot, files)
         keys = [F.col(f"`{k}`") for k in self._spec.keys]
         partitions = max(1, int(spark.sparkContext.defaultParallelism))
         tombstones = overlapping.repartition(partitions, *keys).alias("d").hint("shuffle_hash")
@@ -82,16 +90,38 @@ class Tombstones:
                     key_ranges: Mapping[str, tuple[Any, Any]]) -> DataFrame | None:
         """The tombstones (keys and sequence columns) of the files whose key stats overlap the
         batch's key range, lazily; None when no file can hold one of the batch's keys."""
+        files = self._overlapping_files(spark, snapshot, key_ranges)
+        return self._scan(spark, snapshot, files) if files and snapshot is not None else None
+
+    def _overlapping_files(self, spark: SparkSession, snapshot: Snapshot | None,
+                           key_ranges: Mapping[str, tuple[Any, Any]]) -> list[DataFile]:
         if snapshot is None or not any(f.num_records for f in snapshot.files):
-            return None
+            return []
         scope = ColumnScope("d", "e", self._columns, self._columns)
         ranges = [(k, *key_ranges[k], key_ranges[k][0] is not None) for k in self._spec.keys if k in key_ranges]
-        files = SkippingPlan((), ranges, scope, snapshot.schema, skip_nothing=False).select(
+        return SkippingPlan((), ranges, scope, snapshot.schema, skip_nothing=False).select(
             spark, snapshot, [f for f in snapshot.files if f.num_records])
-        if not files:
-            return None
+
+    def _scan(self, spark: SparkSession, snapshot: Snapshot, files: Sequence[DataFile]) -> DataFrame:
         return (scan_files(spark, snapshot, files).select(*[F.col(f"`{c}`") for c in self._columns])
                 .filter(F.col(f"`{self._spec.keys[0]}`").isNotNull()))
+
+    def _all_older_than(self, snapshot: Snapshot | None, files: Sequence[DataFile], oldest_sequence: Any) -> bool:
+        """True when every tombstone in ``files`` has a first sequence value below
+        ``oldest_sequence``, by the files' max stats: then no event can be late (an event is
+        late only when a tombstone of its key is at least as new). Integer sequences only,
+        whose Python and Arrow orders are Spark's; False whenever a file has no max."""
+        column = self._spec.sequence_by[0]
+        if snapshot is None or type(oldest_sequence) is not int or \
+                not isinstance(snapshot.schema[column].dataType, IntegralType) or \
+                f"max.{column}" not in snapshot.stats.column_names:
+            return False
+        paths = {f.path for f in files}
+        stats = snapshot.stats
+        maxima = [m for p, m in zip(stats.column("path").to_pylist(),
+                                    stats.column(f"max.{column}").cast(pa.int64()).to_pylist(), strict=True)
+                  if unquote(p) in paths]
+        return len(maxima) == len(paths) and all(m is not None and m < oldest_sequence for m in maxima)
 
     def recorded_truncates(self, spark: SparkSession, snapshot: Snapshot | None) -> list[Any]:
         """The sequence values of the truncates recorded so far (rows whose keys are NULL).
