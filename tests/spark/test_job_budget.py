@@ -35,6 +35,17 @@ def orders(spark: SparkSession, tmp_path: Path) -> Iterator[str]:
     yield path
 
 
+CDC_SCHEMA = "id long, lsn long, op string, v string"
+
+
+def sink_with_tombstones_for_keys_1_and_2(spark: SparkSession, path: str, app_id: str) -> MergeSink:
+    """A sink whose table holds keys 0..99 (lsn 1) minus 1 and 2, deleted at lsn 2 (tombstones)."""
+    sink = MergeSink(path, keys="id", sequence_by="lsn", delete_when="op = 'd'", app_id=app_id)
+    sink(spark.createDataFrame([(i, 1, "c", "a") for i in range(100)], CDC_SCHEMA), 0)
+    sink(spark.createDataFrame([(1, 2, "d", None), (2, 2, "d", None)], CDC_SCHEMA), 1)
+    return sink
+
+
 def parquet_source(spark: SparkSession, folder: Path, rows: list[tuple[int, int, str]]) -> DataFrame:
     spark.createDataFrame(rows, "id long, amount long, status string").coalesce(1).write.mode(
         "overwrite").parquet(str(folder))
@@ -129,14 +140,11 @@ def test_insert_only_merge_runs_at_most_three_jobs(spark: SparkSession, orders: 
 def test_sink_batch_with_sequence_and_tombstones_runs_at_most_six_jobs(
         spark: SparkSession, tmp_path: Path) -> None:
     path = str(tmp_path / "cdc")
-    sink = MergeSink(path, keys="id", sequence_by="lsn", delete_when="op = 'd'", app_id="budget")
-    schema = "id long, lsn long, op string, v string"
-    sink(spark.createDataFrame([(i, 1, "c", "a") for i in range(100)], schema), 0)
-    sink(spark.createDataFrame([(1, 2, "d", None), (2, 2, "d", None)], schema), 1)  # tombstones for 1, 2
+    sink = sink_with_tombstones_for_keys_1_and_2(spark, path, "budget")
     # Batch 2: a late insert of deleted key 1 (older than its tombstone), a newer re-insert of 2,
     # duplicates of 3 (the newest wins), a delete of 4, a new key.
     batch = spark.createDataFrame([(1, 1, "u", "late"), (2, 3, "c", "back"), (3, 5, "u", "old"),
-                                   (3, 6, "u", "newest"), (4, 7, "d", None), (500, 1, "c", "new")], schema)
+                                   (3, 6, "u", "newest"), (4, 7, "d", None), (500, 1, "c", "new")], CDC_SCHEMA)
     with profiling() as profile:
         jobs, _ = jobs_of(spark, lambda: sink(batch, 2))
     assert jobs <= 6, f"{jobs} Spark jobs for one sink batch"
@@ -206,14 +214,11 @@ def test_partitioned_upsert_stays_within_four_jobs(spark: SparkSession, tmp_path
 def test_in_order_batch_newer_than_every_tombstone_skips_the_tombstone_lookup(
         spark: SparkSession, tmp_path: Path) -> None:
     path = str(tmp_path / "in_order")
-    sink = MergeSink(path, keys="id", sequence_by="lsn", delete_when="op = 'd'", app_id="in-order")
-    schema = "id long, lsn long, op string, v string"
-    sink(spark.createDataFrame([(i, 1, "c", "a") for i in range(100)], schema), 0)
-    sink(spark.createDataFrame([(1, 2, "d", None), (2, 2, "d", None)], schema), 1)  # tombstones at lsn 2
+    sink = sink_with_tombstones_for_keys_1_and_2(spark, path, "in-order")
     # Every event is newer than every tombstone: a re-insert of deleted key 2, an update, a new
     # key, a delete. Nothing can be late, so the MERGE takes the sink's own materialized batch.
     in_order = spark.createDataFrame([(2, 3, "c", "back"), (3, 4, "u", "x"), (600, 5, "c", "new"),
-                                      (4, 6, "d", None)], schema)
+                                      (4, 6, "d", None)], CDC_SCHEMA)
     with profiling() as profile:
         sink(in_order, 2)
     merge_materialize = profile.phases.get("materialize")
@@ -222,7 +227,7 @@ def test_in_order_batch_newer_than_every_tombstone_skips_the_tombstone_lookup(
     assert progress is not None and progress["numLateRowsDropped"] == 0
     assert progress["metrics"]["numSourceRows"] == 4
     # One event older than a tombstone (key 4's, at lsn 6) makes the lookup necessary again.
-    mixed = spark.createDataFrame([(4, 5, "u", "late"), (5, 8, "u", "y")], schema)
+    mixed = spark.createDataFrame([(4, 5, "u", "late"), (5, 8, "u", "y")], CDC_SCHEMA)
     with profiling() as profile:
         sink(mixed, 3)
     assert profile.phases["materialize"].jobs >= 1
