@@ -5,9 +5,10 @@ from __future__ import annotations
 
 from pyspark.sql import DataFrame, SparkSession
 
+from streaming_merge.errors import DeltaTableError
 from streaming_merge.table.commit import CommitRequest, commit
 from streaming_merge.table.create import create_table
-from streaming_merge.table.location import TableRef, resolve
+from streaming_merge.table.location import TableLocation, TableRef, resolve
 from streaming_merge.table.snapshot import Snapshot, check_writable, load_snapshot, table_exists
 from streaming_merge.table.write import delete_written, write_files
 
@@ -20,7 +21,7 @@ def append_rows(spark: SparkSession, df: DataFrame, path: TableRef, app_id: str,
     location = resolve(path, spark)
     if snapshot is None:
         if not table_exists(location):
-            create_table(spark, df.limit(0), location)
+            _create_unless_created_meanwhile(spark, df, location)
         snapshot = load_snapshot(location)
     check_writable(snapshot)
     applied = snapshot.transaction_version(app_id)
@@ -40,3 +41,14 @@ def append_rows(spark: SparkSession, df: DataFrame, path: TableRef, app_id: str,
     except BaseException:
         delete_written(spark, location, written)
         raise
+
+
+def _create_unless_created_meanwhile(spark: SparkSession, df: DataFrame, location: TableLocation) -> None:
+    """Create the side table, empty, with ``df``'s schema; when another writer created it
+    between our existence check and our commit (two streaming queries sharing one dead-letter
+    table, each appending its first malformed records), append to theirs instead of failing."""
+    try:
+        create_table(spark, df.limit(0), location)
+    except DeltaTableError:
+        if not table_exists(location):
+            raise

@@ -566,3 +566,22 @@ def test_not_null_columns_are_enforced(spark: SparkSession, tmp_path: Path,
     with pytest.raises(DeltaTableError, match=f"NOT NULL constraint violated for column: {violated}\\."):
         write_files(spark, df, path, NOT_NULL_SCHEMA, [])
     assert _files_on_disk(path) == set()
+
+
+def test_side_table_created_by_another_writer_meanwhile_is_appended_to(
+        spark: SparkSession, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two queries sharing a dead-letter table both find it missing and both create it: the
+    one that loses the creation appends to the winner's table instead of failing its batch."""
+    from streaming_merge.table import append as append_module
+
+    path = str(tmp_path / "dead_letter")
+    rows = spark.createDataFrame([("a", 1)], "reason string, offset long")
+    append_module.append_rows(spark, rows, path, "query-1", 0)  # the winner: creates, appends
+    stale = [False]  # the loser's first check saw no table: the winner's commit landed just after
+    real_exists = append_module.table_exists
+    monkeypatch.setattr(append_module, "table_exists", lambda loc: stale.pop() if stale else real_exists(loc))
+    version = append_module.append_rows(spark, spark.createDataFrame([("b", 2)], rows.schema), path, "query-2", 0)
+    table = deltalake.DeltaTable(path)
+    assert version == table.version() == 2
+    assert sorted(table.to_pyarrow_table().to_pylist(), key=lambda r: r["offset"]) == [
+        {"reason": "a", "offset": 1}, {"reason": "b", "offset": 2}]
