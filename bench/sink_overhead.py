@@ -52,6 +52,7 @@ import pyarrow as pa
 import pyspark
 from pyspark.sql import DataFrame, SparkSession
 
+from bench import jvm_cpu
 from streaming_merge import DeltaTable, MergeSink
 from streaming_merge.session import local_session
 
@@ -355,7 +356,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
               f"workdir {workdir}", flush=True)
 
         sinks = {"B": make_sink(paths["B"], tombstones=True), "C": make_sink(paths["C"], tombstones=False)}
-        tombstone_ms = time_tombstones(sinks["B"])
+        tombstone_ms: dict[str, list[float]] = {"without_late": [], "record": []}
+        pid = jvm_cpu.jvm_pid(spark)
+        measure_cpu = jvm_cpu.available(pid)
+        cpu_ms: dict[str, dict[str, float]] = {name: dict.fromkeys(jvm_cpu.GROUP_NAMES, 0.0) for name in VARIANTS}
         bare = BareMerge(spark, paths["A"])
         load_before = os.getloadavg()
         calls: dict[str, Callable[[DataFrame, int], None]] = {"A": bare, **sinks}
@@ -373,6 +377,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 gc.collect()
                 group = f"sink_overhead-{name}-{batch_id}"
                 context.setLocalProperty("spark.jobGroup.id", group)
+                cpu_before = jvm_cpu.thread_cpu_seconds(pid) if measure_cpu else None
                 started = time.perf_counter()
                 try:
                     calls[name](batch, batch_id)
@@ -386,7 +391,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 elapsed = (time.perf_counter() - started) * 1000.0
                 context.setLocalProperty("spark.jobGroup.id", None)  # type: ignore[arg-type]
                 this_batch[name] = f"{elapsed:6.0f}ms"
+                if name == "B" and batch_id == 0:  # the sink binds its tombstone table at its first batch
+                    tombstone_ms = time_tombstones(sinks["B"])
                 if batch_id >= args.warmup:
+                    if cpu_before is not None:
+                        spent = jvm_cpu.delta_ms(cpu_before, jvm_cpu.thread_cpu_seconds(pid))
+                        for threads, ms in spent.items():
+                            cpu_ms[name][threads] += ms / args.batches
                     times[name].append(elapsed)
                     jobs[name].append(len(context.statusTracker().getJobIdsForGroup(group)))
             kind = "warm-up" if batch_id < args.warmup else "timed"
@@ -432,6 +443,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "check": {name: {"ok": c.ok, "rows": c.rows, "expected_rows": c.expected_rows,
                              "equal_to_A": c.equal_to_a, "columns": c.columns, "detail": c.detail}
                       for name, c in checks.items()},
+            "jvm_cpu_ms_per_batch": cpu_ms if measure_cpu else None,
             "tombstone_rows": tombstone_rows,
             "final_files": {name: _num_files(path) for name, path in paths.items()},
             "notes": NOTES,
@@ -492,6 +504,13 @@ def report(result: dict[str, Any]) -> None:
     split = result["tombstone_split_median_ms"]
     print(f"  B's 'tombstones' phase, median ms: lookup (without_late) {_fmt(split['without_late'], '.0f')}, "
           f"append (record) {_fmt(split['record'], '.0f')}")
+    cpu = result.get("jvm_cpu_ms_per_batch")
+    if cpu:
+        print("  driver JVM CPU, mean ms per timed batch by thread group (/proc; 2 cores give 2 ms per ms of wall):")
+        print("    " + "".join(f"{n:>15}" for n in ("", *jvm_cpu.GROUP_NAMES, "total")))
+        for name, groups in cpu.items():
+            print(f"    {name:>15}" + "".join(_fmt(groups[g], "15.0f") for g in jvm_cpu.GROUP_NAMES)
+                  + _fmt(sum(groups.values()), "15.0f"))
     env = result["environment"]
     print(f"  load average (1/5/15 min) before {env['loadavg_before']}, after {env['loadavg_after']} "
           f"on {env['cpus']} CPUs")
