@@ -256,10 +256,10 @@ class FileStats:
     def frame(self, files: Sequence[DataFile]) -> DataFrame:
         stats = self._snapshot.stats
         wanted = {f.path for f in files}
-        rows = stats.filter(pa.array([p in wanted for p in _decoded_paths(stats)], pa.bool_()))
+        rows = stats.filter(pa.array([p in wanted for p in decoded_paths(stats)], pa.bool_()))
         n = rows.num_rows
         columns: dict[str, pa.Array] = {
-            "path": pa.array(_decoded_paths(rows)),
+            "path": pa.array(decoded_paths(rows)),
             "num_records": rows.column("num_records") if "num_records" in rows.column_names
             else pa.nulls(n, pa.int64()),
         }
@@ -293,7 +293,8 @@ class FileStats:
         return frame
 
 
-def _decoded_paths(stats: pa.Table) -> list[str]:
+def decoded_paths(stats: pa.Table) -> list[str]:
+    """The ``path`` column of a snapshot's stats table, URL-decoded as ``DataFile.path`` is."""
     from urllib.parse import unquote
 
     return [unquote(p) for p in stats.column("path").to_pylist()]

@@ -14,7 +14,6 @@ import datetime as dt
 import logging
 from collections.abc import Mapping, Sequence
 from typing import Any
-from urllib.parse import unquote
 
 import pyarrow as pa
 from pyspark.sql import Column, DataFrame, SparkSession
@@ -22,7 +21,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import IntegralType
 
 from streaming_merge.delta_table import DeltaTable
-from streaming_merge.merge.skipping import ColumnScope, SkippingPlan
+from streaming_merge.merge.skipping import ColumnScope, SkippingPlan, decoded_paths
 from streaming_merge.streaming.cdc import DELETE_FLAG, CdcSpec, values_newer_than
 from streaming_merge.streaming.compaction import AutoCompact, run_auto_compaction
 from streaming_merge.table.append import append_rows
@@ -118,9 +117,9 @@ class Tombstones:
             return False
         paths = {f.path for f in files}
         stats = snapshot.stats
-        maxima = [m for p, m in zip(stats.column("path").to_pylist(),
-                                    stats.column(f"max.{column}").cast(pa.int64()).to_pylist(), strict=True)
-                  if unquote(p) in paths]
+        maxima = [m for p, m in zip(decoded_paths(stats), stats.column(f"max.{column}").cast(pa.int64()).to_pylist(),
+                                    strict=True)
+                  if p in paths]
         return len(maxima) == len(paths) and all(m is not None and m < oldest_sequence for m in maxima)
 
     def recorded_truncates(self, spark: SparkSession, snapshot: Snapshot | None) -> list[Any]:
@@ -132,8 +131,7 @@ class Tombstones:
         column = f"null_count.{self._spec.keys[0]}"
         if column in snapshot.stats.column_names:
             nulls = snapshot.stats.column(column).to_pylist()
-            paths = {unquote(p) for p, n in zip(snapshot.stats.column("path").to_pylist(), nulls, strict=True)
-                     if n is None or n > 0}
+            paths = {p for p, n in zip(decoded_paths(snapshot.stats), nulls, strict=True) if n is None or n > 0}
             files = [f for f in snapshot.files if f.path in paths]
         else:
             files = list(snapshot.files)
