@@ -21,6 +21,14 @@ target row matched by 2+ source rows   error             ``MultipleMatches`` —
                                                          merge whose only WHEN MATCHED clause is
                                                          one unconditional DELETE (the row is
                                                          deleted once and counted once)
+                                       either            in a matched-only merge (MATCHED clauses
+                                                         only), when no WHEN MATCHED condition holds
+                                                         for the row with any of its matches: the
+                                                         conditions' target-only parts may skip the
+                                                         row's file before the join (Delta's
+                                                         getTargetOnlyPredicates), so the merge
+                                                         either raises or leaves the row unchanged
+                                                         (``AmbiguousMultipleMatches``)
 source row with no match               dropped
 target row with no match               copied unchanged
 =====================================  ================  =========================================
@@ -57,6 +65,16 @@ COUNT_KEYS: tuple[str, ...] = (
 
 class MultipleMatches(Exception):
     """The model's counterpart of ``MultipleSourceRowMatchingTargetRowError``."""
+
+
+class AmbiguousMultipleMatches(MultipleMatches):
+    """Multiple matches that the engine may or may not see, depending on the file layout: raised
+    with the outcome of the merge for when it does not (every such row copied unchanged)."""
+
+    def __init__(self, message: str, rows: list[Row], counts: dict[str, int]) -> None:
+        super().__init__(message)
+        self.rows = rows
+        self.counts = counts
 
 
 class InvalidClauses(Exception):
@@ -171,16 +189,32 @@ def apply_merge(
     )
 
     matches = [[s for s in source_rows if on(t, s) is True] for t in target_rows]
-    if not insert_only and not only_unconditional_delete:
-        for t, ms in zip(target_rows, matches, strict=True):
-            if len(ms) > 1:
-                raise MultipleMatches(f"{len(ms)} source rows match target row {t}")
+    conflicts = [] if insert_only or only_unconditional_delete else [
+        (t, ms) for t, ms in zip(target_rows, matches, strict=True) if len(ms) > 1]
+    matched_only = not not_matched and not by_source
+    for t, ms in conflicts:
+        if not matched_only or any(_first(matched, t, s) is not None for s in ms):
+            raise MultipleMatches(f"{len(ms)} source rows match target row {t}")
+    if conflicts:
+        rows, counts = _merged(target_rows, source_rows, on, matched, not_matched, by_source, matches, columns)
+        t, ms = conflicts[0]
+        raise AmbiguousMultipleMatches(
+            f"{len(ms)} source rows match target row {t}, which no WHEN MATCHED condition selects", rows, counts)
+    return _merged(target_rows, source_rows, on, matched, not_matched, by_source, matches, columns)
+
+
+def _merged(
+    target_rows: Sequence[Row], source_rows: Sequence[Row], on: Callable[[Row, Row], bool | None],
+    matched: Sequence[Clause], not_matched: Sequence[Clause], by_source: Sequence[Clause],
+    matches: Sequence[Sequence[Row]], columns: Sequence[str],
+) -> tuple[list[Row], dict[str, int]]:
+    """The merge's outcome once the multiple-match rule has let it through."""
 
     counts = dict.fromkeys(COUNT_KEYS, 0)
     counts["numSourceRows"] = len(source_rows)
     result: list[Row] = []
     for t, ms in zip(target_rows, matches, strict=True):
-        s = ms[0] if ms else None  # with 2+ matches only the unconditional DELETE gets here
+        s = ms[0] if ms else None  # with 2+ matches: the unconditional DELETE, or no clause applies
         clause = _first(matched, t, s) if ms else _first(by_source, t, None)
         prefix = "numTargetRowsMatched" if ms else "numTargetRowsNotMatchedBySource"
         if clause is None:

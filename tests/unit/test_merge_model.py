@@ -37,6 +37,7 @@ from tests.merge_exprs import (
 )
 from tests.merge_model import (
     COUNT_KEYS,
+    AmbiguousMultipleMatches,
     Clause,
     InvalidClauses,
     MultipleMatches,
@@ -193,8 +194,25 @@ def test_multiple_matches_raise() -> None:
 
 def test_multiple_matches_raise_whatever_the_clause_conditions() -> None:
     """Every ON match counts, even when no clause condition holds for either source row."""
-    with pytest.raises(MultipleMatches):
-        merge([row(1, 1)], [row(1, 2), row(1, 3)], matched_update({"v": S["v"]}, gt(S["v"], lit(100))))
+    update_big = matched_update({"v": S["v"]}, gt(S["v"], lit(100)))
+    with pytest.raises(MultipleMatches) as raised:
+        merge([row(1, 1)], [row(1, 2), row(1, 3)], update_big, not_matched_insert_all())
+    assert not isinstance(raised.value, AmbiguousMultipleMatches)
+
+
+def test_matched_only_multiple_matches_that_no_condition_selects_may_go_either_way() -> None:
+    """Delta may skip such a row's file by the conditions' target-only parts before the join: the
+    model says so, and gives the outcome for when the row is not seen (copied unchanged)."""
+    update_big = matched_update({"v": S["v"]}, gt(T["v"], lit(100)))
+    with pytest.raises(AmbiguousMultipleMatches) as raised:
+        merge([row(1, 1), row(2, 200)], [row(1, 2), row(1, 3), row(2, 5)], update_big)
+    assert_rows(raised.value.rows, [row(1, 1), row(2, 5)])
+    assert nonzero(raised.value.counts) == {
+        "numSourceRows": 3, "numTargetRowsUpdated": 1, "numTargetRowsMatchedUpdated": 1, "num_updated_rows": 1,
+        "num_affected_rows": 1}
+    with pytest.raises(MultipleMatches) as selected:  # a condition holds for one of the matches
+        merge([row(1, 150)], [row(1, 2), row(1, 3)], update_big)
+    assert not isinstance(selected.value, AmbiguousMultipleMatches)
 
 
 def test_multiple_matches_raise_for_a_conditional_delete_or_a_delete_among_others() -> None:
