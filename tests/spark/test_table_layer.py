@@ -27,6 +27,7 @@ from typing import Any
 
 import deltalake
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 from pyspark.errors import PySparkException
 from pyspark.sql import DataFrame, SparkSession
@@ -54,6 +55,7 @@ from pyspark.sql.types import (
 from streaming_merge.errors import ConcurrentModificationError, DeltaTableError
 from streaming_merge.table.commit import CommitRequest, commit, history
 from streaming_merge.table.create import create_table
+from streaming_merge.table.files import HadoopFiles
 from streaming_merge.table.scan import FILE_PATH_COL, ROW_INDEX_COL, scan_files, spark_file_paths
 from streaming_merge.table.snapshot import DataFile, Snapshot, load_snapshot
 from streaming_merge.table.write import write_files
@@ -585,3 +587,24 @@ def test_side_table_created_by_another_writer_meanwhile_is_appended_to(
     assert version == table.version() == 2
     assert sorted(table.to_pyarrow_table().to_pylist(), key=lambda r: r["offset"]) == [
         {"reason": "a", "offset": 1}, {"reason": "b", "offset": 2}]
+
+
+@pytest.mark.parametrize("columns", [3, 400])
+def test_footer_read_through_hadoop_equals_pyarrows_own(spark: SparkSession, tmp_path: Path, columns: int) -> None:
+    """The footer comes over py4j in small reads: a small one in the first read, a big one
+    (400 columns, tens of KiB) in several; both must parse to what pyarrow reads locally."""
+    path = tmp_path / "f.parquet"
+    pq.write_table(pa.table({f"c{i}": pa.array(range(i, i + 1000)) for i in range(columns)}), path)
+    local = pq.read_metadata(path)
+    assert (local.serialized_size > 4096) == (columns > 3)
+    read = HadoopFiles(spark, str(tmp_path)).read_footer(f"file:{path}", path.stat().st_size)
+    assert read.num_rows == 1000 and read.num_columns == columns
+    assert read.row_group(0).column(columns - 1).statistics.max == columns - 1 + 999
+    assert read.to_dict() == local.to_dict()
+
+
+def test_footer_read_rejects_a_file_that_is_not_parquet(spark: SparkSession, tmp_path: Path) -> None:
+    path = tmp_path / "f.json"
+    path.write_text('{"a": 1}\n' * 100)
+    with pytest.raises(ValueError, match="is not a Parquet file"):
+        HadoopFiles(spark, str(tmp_path)).read_footer(f"file:{path}", path.stat().st_size)
