@@ -109,6 +109,10 @@ class MergeOptions:
     # Called with a phase name and the (materialized) source between phases; for
     # diagnostics and fault-injection tests.
     phase_hook: PhaseHook | None = field(default=None, compare=False)
+    # Called after the new files are written, right before the commit; raising aborts the
+    # MERGE and deletes its files. The streaming sink waits here for its tombstone append,
+    # which runs beside the MERGE's Spark work but must commit before the MERGE does.
+    before_commit: Callable[[], None] | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
         if self.max_attempts < 1:
@@ -383,6 +387,8 @@ def _merge(spark: SparkSession, request: MergeRequest, snapshot: Snapshot, resol
         if snapshot.partition_columns else 0,
     })
     try:
+        if options.before_commit is not None:
+            options.before_commit()
         with phase(spark, "commit"):
             commit_snapshot = snapshot
             if resolved.output_schema != snapshot.schema:

@@ -38,6 +38,7 @@ from streaming_merge.merge.materialize import (
 )
 from streaming_merge.merge.metrics import DELTA_METRICS, MergeMetrics
 from streaming_merge.merge.skipping import SourceStats, source_stats_of
+from streaming_merge.streaming.background import BackgroundCall
 from streaming_merge.streaming.cdc import (
     DELETE_FLAG,
     NULL_KEY_FLAG,
@@ -65,6 +66,7 @@ from streaming_merge.streaming.tombstones import Tombstones
 from streaming_merge.table.append import append_rows
 from streaming_merge.table.location import TableLocation, resolve
 from streaming_merge.table.snapshot import Snapshot, load_snapshot, table_exists
+from streaming_merge.table.write import parquet_write_conf
 
 log = logging.getLogger(__name__)
 
@@ -228,7 +230,7 @@ class MergeSink:
         for attempt in range(1, self._max_attempts + 1):
             level = level_for_attempt(self._storage_levels, attempt)
             try:
-                with merge_conf(spark):
+                with merge_conf(spark), parquet_write_conf(spark):  # held for both writes (see parquet_write_conf)
                     self._run_batch(spark, batch_df, batch_id, app_id, attempt, level, started)
                 return
             except Exception as exc:
@@ -261,6 +263,7 @@ class MergeSink:
                 return
         materialize_started = time.monotonic()
         batch, counts, stats = self._materialize(spark, batch_df, level)
+        recording: BackgroundCall | None = None
         try:
             materialize_ms = _ms(materialize_started)
             if self._phase_hook:
@@ -303,13 +306,24 @@ class MergeSink:
             elif truncates:
                 source, merge_stats = forget_truncated(source, self._spec, truncates[-1]), None
             self._ensure_table(spark, source)
+            tombstones_ms = _ms(tombstones_started)
             if self._tombstones is not None and (delete_events or truncate_values):
                 # From the materialized batch, not the late-event filter (which never drops a delete
-                # and would be computed once more for this append alone).
-                self._tombstones.record(spark, batch_events, app_id, batch_id, tombstone_snapshot, batch_truncates)
-            tombstones_ms = _ms(tombstones_started)
+                # and would be computed once more for this append alone); beside the MERGE, which
+                # waits for it before committing.
+                tombstones, events = self._tombstones, batch_events
+                recording = BackgroundCall(lambda: tombstones.record(
+                    spark, events, app_id, batch_id, tombstone_snapshot, batch_truncates), "tombstone-append")
             execute_started = time.monotonic()
-            metrics = self._merge(spark, source, app_id, batch_id, merge_stats, snapshot, batch_truncates)
+            try:
+                metrics = self._merge(spark, source, app_id, batch_id, merge_stats, snapshot, batch_truncates,
+                                      recording.result if recording is not None else None)
+            except BaseException:
+                if recording is not None:
+                    recording.wait_quietly()
+                raise
+            if recording is not None:
+                recording.result()  # a MERGE skipped by its txn never reached the wait before its commit
             execute_ms = _ms(execute_started)
             if self._recorded_truncates is not None:
                 self._recorded_truncates.update(truncate_values)
@@ -367,7 +381,8 @@ class MergeSink:
         return query_id
 
     def _merge(self, spark: SparkSession, source: DataFrame, app_id: str, batch_id: int,
-               stats: SourceStats | None, snapshot: Snapshot | None, truncates: Sequence[Column]) -> MergeMetrics:
+               stats: SourceStats | None, snapshot: Snapshot | None, truncates: Sequence[Column],
+               before_commit: Callable[[], None] | None) -> MergeMetrics:
         table = DeltaTable(spark, self._bind(spark), "t")
         if self._scd_type == 2:
             builder = self._history_upsert(table.merge(source.alias("s"), self._history_condition()), source.columns,
@@ -384,7 +399,8 @@ class MergeSink:
         options: dict[str, Any] = {f.name: getattr(self._merge_options, f.name)
                                    for f in dataclasses.fields(MergeOptions)}
         options.update({"materialize_source": "none" if stats is not None else "all",
-                        "source_stats": stats, "snapshot": snapshot, "storage_levels": self._storage_levels})
+                        "source_stats": stats, "snapshot": snapshot, "storage_levels": self._storage_levels,
+                        "before_commit": before_commit})
         if self._phase_hook:
             options["phase_hook"] = self._phase_hook
         builder = builder.withOptions(**options)

@@ -81,10 +81,14 @@ class WrittenFile:
 
 
 @contextlib.contextmanager
-def _parquet_write_conf(spark: SparkSession) -> Iterator[None]:
+def parquet_write_conf(spark: SparkSession) -> Iterator[None]:
     """Micro-precision timestamps (INT96 has no usable stats and is deprecated in Delta), and
     proleptic Gregorian dates: a session in LEGACY rebase mode would otherwise write dates
-    before 1582 shifted into the Julian calendar, which every other Delta reader misreads."""
+    before 1582 shifted into the Julian calendar, which every other Delta reader misreads.
+
+    Session settings are shared by threads: two writes running at once keep their settings
+    only when a caller holds these around both (each write's own set and restore are then
+    no-ops), as the streaming sink does for its tombstone append beside its MERGE."""
     wanted = {
         "spark.sql.parquet.outputTimestampType": "TIMESTAMP_MICROS",
         "spark.sql.parquet.compression.codec": "snappy",
@@ -111,7 +115,7 @@ def write_files(
     folder = location.join(folder_name)
     files = HadoopFiles(spark, location.uri)
     try:
-        with _parquet_write_conf(spark), _job_group(spark) as group:
+        with parquet_write_conf(spark), _job_group(spark) as group:
             writer = _enforce_not_null(df, schema).write.mode("errorifexists").options(**_COMMITTER_OPTIONS)
             if partition_columns:
                 writer = writer.partitionBy(*partition_columns)

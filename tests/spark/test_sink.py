@@ -18,6 +18,7 @@ from pyspark.sql import DataFrame, SparkSession
 from streaming_merge import MergeProgressListener, MergeSink
 from streaming_merge.errors import MergeError, MultipleSourceRowMatchingTargetRowError
 from streaming_merge.merge.materialize import checkpoint_rdd_id
+from streaming_merge.streaming.tombstones import Tombstones
 from tests.streaming_support.cdc_events import SCHEMA, expected_state, generate, table_state, write_files
 
 
@@ -244,3 +245,43 @@ def test_real_streaming_query_with_progress_listener(spark: SparkSession, tmp_pa
         assert record["merge"]["numInputRows"] == record["numInputRows"]
         assert record["merge"]["appId"] == record["id"]
         assert "numTargetRowsInserted" in record["merge"]["metrics"]
+
+
+def test_tombstone_append_runs_beside_the_merge_which_commits_only_after_it(
+        spark: SparkSession, table_path: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The append starts before the MERGE and may finish after the MERGE wrote its files, but the
+    MERGE commits (recording the batch's txn) only once the append committed: here the append
+    waits until the MERGE is about to commit and then fails, so the MERGE must not commit, and
+    the rerun of the batch applies both."""
+    sink = cdc_sink(table_path)
+    sink(frame(spark, [{"id": 1, "lsn": 1, "op": "c", "name": "a", "amount": 1},
+                       {"id": 2, "lsn": 2, "op": "c", "name": "b", "amount": 2}]), 0)
+    version_before = deltalake.DeltaTable(table_path).version()
+    files_before = set(os.listdir(table_path))
+    merge_about_to_commit = threading.Event()
+
+    def failing_record(self: Tombstones, *args: Any, **kwargs: Any) -> None:
+        if not merge_about_to_commit.wait(timeout=120):
+            raise AssertionError("the tombstone append did not run beside the MERGE")
+        raise OSError("tombstone storage unavailable")
+
+    def hook(phase: str, _: DataFrame) -> None:
+        if phase == "before_commit":
+            merge_about_to_commit.set()
+
+    delete_batch = [{"id": 1, "lsn": 5, "op": "d", "name": None, "amount": None},
+                    {"id": 2, "lsn": 6, "op": "u", "name": "b2", "amount": 3}]
+    failing = cdc_sink(table_path, phase_hook=hook)
+    with monkeypatch.context() as patch:
+        patch.setattr(Tombstones, "record", failing_record)
+        with pytest.raises(OSError, match="tombstone storage unavailable"):
+            failing(frame(spark, delete_batch), 1)
+    assert deltalake.DeltaTable(table_path).version() == version_before
+    assert deltalake.DeltaTable(table_path).transaction_version("test-app") == 0
+    assert set(os.listdir(table_path)) == files_before, "the aborted MERGE left files behind"
+
+    sink(frame(spark, delete_batch), 1)  # the rerun, with a working tombstone table
+    assert table_state(read(table_path)) == {2: {"id": 2, "lsn": 6, "op": "u", "name": "b2", "amount": 3}}
+    assert [(t["id"], t["lsn"]) for t in read(f"{table_path}_tombstones")] == [(1, 5)]
+    sink(frame(spark, [{"id": 1, "lsn": 4, "op": "u", "name": "late", "amount": 9}]), 2)
+    assert 1 not in table_state(read(table_path)) and sink.lastProgress["numLateRowsDropped"] == 1
