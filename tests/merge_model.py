@@ -195,12 +195,12 @@ def apply_merge(
     for t, ms in conflicts:
         if not matched_only or any(_first(matched, t, s) is not None for s in ms):
             raise MultipleMatches(f"{len(ms)} source rows match target row {t}")
+    rows, counts = _merged(target_rows, source_rows, on, matched, not_matched, by_source, matches, columns)
     if conflicts:
-        rows, counts = _merged(target_rows, source_rows, on, matched, not_matched, by_source, matches, columns)
         t, ms = conflicts[0]
         raise AmbiguousMultipleMatches(
             f"{len(ms)} source rows match target row {t}, which no WHEN MATCHED condition selects", rows, counts)
-    return _merged(target_rows, source_rows, on, matched, not_matched, by_source, matches, columns)
+    return rows, counts
 
 
 def _merged(

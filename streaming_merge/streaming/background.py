@@ -9,7 +9,6 @@ call right before the MERGE commits.
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable
 
 from pyspark import InheritableThread
@@ -21,28 +20,23 @@ class BackgroundCall:
 
     def __init__(self, fn: Callable[[], object], name: str) -> None:
         self._error: BaseException | None = None
-        self._done = threading.Event()
 
         def run() -> None:
             try:
                 fn()
             except BaseException as exc:  # handed to whoever waits
                 self._error = exc
-            finally:
-                self._done.set()
 
         self._thread = InheritableThread(target=run, name=name, daemon=True)
         self._thread.start()
 
     def result(self) -> None:
         """Wait for the call; raise what it raised (every time it is asked)."""
-        self._done.wait()
-        self._thread.join()
+        self.wait_quietly()
         if self._error is not None:
             raise self._error
 
     def wait_quietly(self) -> None:
         """Wait for the call without raising: when the caller is already failing, its own
         error is the one to report, but nothing may still be writing when it returns."""
-        self._done.wait()
         self._thread.join()
