@@ -308,32 +308,42 @@ def _fold_partial(rows: DataFrame, spec: CdcSpec, partitions: int) -> DataFrame:
     data = spec.data_columns(rows.columns)
     keys = [F.col(f"`{k}`") for k in spec.keys]
     with_order = rows.withColumn(ORDER_COL, F.monotonically_increasing_id()).repartition(partitions, *keys)
-    valid = with_order.filter(~F.col(NULL_KEY_FLAG))
-    ordering = F.struct(spec.sequence(), F.col(ORDER_COL)) if spec.sequence_by else F.struct(F.col(ORDER_COL))
+    # An event's position among its key's events, unique per key: its sequence (the batch
+    # order itself without sequence_by), then its batch order.
     sequence = spec.sequence() if spec.sequence_by else F.col(ORDER_COL)
-    last_delete = F.max(F.when(F.col(DELETE_FLAG), ordering)).over(Window.partitionBy(*keys))
-    valid = valid.withColumn("__sm_ord__", ordering).withColumn("__sm_last_delete__", last_delete)
-    after_reset = F.col("__sm_last_delete__").isNull() | (F.col("__sm_ord__") > F.col("__sm_last_delete__"))
+    ordering = F.struct(sequence.alias("seq"), F.col(ORDER_COL).alias("pos"))
+    null_key = F.col(NULL_KEY_FLAG)
     types = dict(rows.dtypes)
     aggregates = [F.max_by(F.struct(*[F.col(f"`{c}`") for c in rows.columns if c not in data]),
-                       F.col("__sm_ord__")).alias("__sm_last__"),
-                  F.max_by(sequence, F.when(F.col(DELETE_FLAG), F.col("__sm_ord__"))).alias(RESET_COL)]
+                           ordering).alias("__sm_last__"),
+                  F.max(F.when(F.col(DELETE_FLAG) & ~null_key, ordering)).alias("__sm_last_delete__")]
     for column in data:
         value = F.col(f"`{column}`")
         present = value.isNotNull() if spec.ignore_null_updates else F.lit(True)
         if spec.unavailable_value is not None and types[column] == "string":
             present = present & ~value.eqNullSafe(F.lit(spec.unavailable_value))
-        chosen = F.when(present & after_reset, F.col("__sm_ord__"))
-        aggregates += [F.max_by(value, chosen).alias(column),
-                       F.max_by(sequence, chosen).alias(f"{PROVIDER_PREFIX}{column}")]
-    folded = valid.groupBy(*keys).agg(*aggregates)
-    folded = folded.select(*[F.col(f"__sm_last__.`{c}`").alias(c) if c not in data else F.col(f"`{c}`")
-                             for c in rows.columns if c not in spec.keys] + [F.col(f"`{k}`") for k in spec.keys]
-                           + [F.col(RESET_COL)] + [F.col(f"`{PROVIDER_PREFIX}{c}`") for c in data])
-    folded = folded.select(*[F.col(f"`{c}`") for c in rows.columns],
-                           F.col(RESET_COL), *[F.col(f"`{PROVIDER_PREFIX}{c}`") for c in data])
-    null_keys = with_order.filter(F.col(NULL_KEY_FLAG)).drop(ORDER_COL)
-    return folded.unionByName(null_keys, allowMissingColumns=True)
+        # The newest present value with its position: one aggregate, no window. It counts only
+        # when it comes after the key's last delete; if it does not, no present value does.
+        aggregates.append(F.max(F.when(present | null_key, F.struct(ordering.alias("o"), value.alias("v"))))
+                          .alias(f"__sm_newest_{column}"))
+    # A NULL-key row is a group of its own (its batch order joins the grouping), so it passes
+    # through whole, for the dead letter, in the same aggregate instead of a second read.
+    alone = F.when(null_key, F.col(ORDER_COL)).alias("__sm_alone__")
+    folded = with_order.groupBy(*keys, alone).agg(*aggregates)
+    last_delete = F.col("__sm_last_delete__")
+    passes = F.col(f"__sm_last__.`{NULL_KEY_FLAG}`")
+
+    def after_reset(column: str) -> Column:
+        return last_delete.isNull() | (F.col(f"`__sm_newest_{column}`.o") > last_delete)
+
+    def folded_only(column: str, value: Column) -> Column:
+        return F.when(~passes & after_reset(column), value)
+
+    return folded.select(
+        *[F.when(passes | after_reset(c), F.col(f"`__sm_newest_{c}`.v")).alias(c) if c in data
+          else F.col(f"`{c}`") if c in spec.keys else F.col(f"__sm_last__.`{c}`").alias(c) for c in rows.columns],
+        F.when(~passes, last_delete.getField("seq")).alias(RESET_COL),
+        *[folded_only(c, F.col(f"`__sm_newest_{c}`.o.seq")).alias(f"{PROVIDER_PREFIX}{c}") for c in data])
 
 
 def _fail_on_duplicates(rows: DataFrame, spec: CdcSpec) -> None:

@@ -1,9 +1,11 @@
 """Partial updates in MergeSink (``ignore_null_updates``, Debezium's unavailable-value
 placeholder): random event orders, duplicates of sequence values, deletes and late events
-across batches, checked against the reference model in tests/partial_model.py."""
+across batches, checked against the reference model in tests/partial_model.py; events with
+a NULL key go whole to the dead-letter table."""
 
 from __future__ import annotations
 
+import json
 import tempfile
 from typing import Any
 
@@ -21,7 +23,7 @@ PLACEHOLDER = "__debezium_unavailable_value"
 DATA = ["op", "name", "amount"]
 
 events = st.fixed_dictionaries({
-    "id": st.integers(0, 2),
+    "id": st.none() | st.integers(0, 2),
     "lsn": st.integers(0, 12),
     "op": st.sampled_from(["c", "u", "u", "d"]),
     "name": st.sampled_from([None, "a", "b", PLACEHOLDER]),
@@ -58,11 +60,17 @@ def test_partial_updates_agree_with_the_model(spark: SparkSession, batches: list
     with tempfile.TemporaryDirectory() as folder:
         path = f"{folder}/t"
         sink = MergeSink(path, keys="id", sequence_by="lsn", delete_when="op = 'd'", app_id="partial",
-                         ignore_null_updates=ignore_nulls, unavailable_value=placeholder)
+                         ignore_null_updates=ignore_nulls, unavailable_value=placeholder, dead_letter=f"{folder}/dl")
         for batch_id, batch in enumerate(batches):
             sink(frame(spark, batch), batch_id)
-        expected = apply_batches(batches, data_columns=DATA, ignore_nulls=ignore_nulls, placeholder=placeholder)
+        keyed = [[e for e in batch if e["id"] is not None] for batch in batches]
+        expected = apply_batches(keyed, data_columns=DATA, ignore_nulls=ignore_nulls, placeholder=placeholder)
         assert _table(path) == expected
+        dead = deltalake.DeltaTable(f"{folder}/dl").to_pyarrow_table().to_pylist() \
+            if deltalake.DeltaTable.is_deltatable(f"{folder}/dl") else []
+        unkeyed = [{k: v for k, v in e.items() if v is not None} for batch in batches for e in batch if e["id"] is None]
+        assert sorted(json.dumps(json.loads(r["record"]), sort_keys=True) for r in dead) == \
+            sorted(json.dumps(record, sort_keys=True) for record in unkeyed)
 
 
 def test_a_placeholder_never_overwrites_and_never_lands(spark: SparkSession, table_path: str) -> None:
