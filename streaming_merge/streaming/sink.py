@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import functools
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -187,6 +188,8 @@ class MergeSink:
         self._auto_compact = auto_compact
         self._progress = ProgressLog(progress_capacity)
         self._tombstones: Tombstones | None = None
+        # Set by each batch for the next (see Tombstones.lookup_reads_most); off after a restart.
+        self._filter_while_materializing = False
         self._tombstone_settings = (tombstones, tombstone_retention, tombstone_purge_every)
 
     # ------------------------------------------------------------------ progress
@@ -261,8 +264,16 @@ class MergeSink:
                     numLateRowsDropped=0, durationMs={"total": _ms(started)}, metrics={}, timestamp=_now(),
                     target=self.target))
                 return
+        tombstone_snapshot = self._tombstones.snapshot() if self._tombstones is not None else None
+        # Late events are dropped while the batch is materialized when the previous batch's lookup
+        # read most tombstones anyway; the MERGE then takes that copy as it is (no pass of its own).
+        early: Callable[[DataFrame], DataFrame] | None = None
+        everything = Tombstones.all_files(tombstone_snapshot)
+        if self._tombstones is not None and self._scd_type == 1 and self._filter_while_materializing and everything:
+            early = functools.partial(self._tombstones.without_late, spark, snapshot=tombstone_snapshot,
+                                      files=everything, partitioned_by_keys=True)
         materialize_started = time.monotonic()
-        batch, counts, stats = self._materialize(spark, batch_df, level)
+        batch, counts, stats, kept_rows = self._materialize(spark, batch_df, level, early)
         recording: BackgroundCall | None = None
         try:
             materialize_ms = _ms(materialize_started)
@@ -288,15 +299,17 @@ class MergeSink:
                 source = source.select(*[F.col(f"`{c}`") for c in self._selection.columns(source.columns)])
             tombstones_started = time.monotonic()
             merge_stats: SourceStats | None = stats
+            if kept_rows is not None:  # late events already dropped: the key ranges still bound the rest
+                merge_stats = dataclasses.replace(stats, rows=kept_rows)
             batch_events = source
-            tombstone_snapshot: Snapshot | None = None
-            if self._tombstones is not None:
-                tombstone_snapshot = self._tombstones.snapshot()
-                filtered = self._tombstones.without_late(spark, source, stats.ranges, tombstone_snapshot,
-                                                         oldest_sequence) \
-                    if self._scd_type == 1 else None  # SCD 2 places late events in the history instead
-                if filtered is not None:
-                    source, merge_stats = filtered, None  # the MERGE materializes it and counts what is left
+            if self._tombstones is not None and self._scd_type == 1:  # SCD 2 places late events in the history
+                files = self._tombstones.lookup_files(spark, tombstone_snapshot, stats.ranges, oldest_sequence)
+                self._filter_while_materializing = self._tombstones.lookup_reads_most(tombstone_snapshot, files)
+                if files and kept_rows is None:
+                    assert tombstone_snapshot is not None
+                    # The MERGE materializes the filtered batch and counts what is left.
+                    source, merge_stats = self._tombstones.without_late(spark, source, tombstone_snapshot,
+                                                                        files), None
             truncates = self._truncates(spark, truncate_values, tombstone_snapshot, source.schema)
             batch_truncates = [self._spec.sequence_literal(v, source.schema) for v in sorted(truncate_values)] \
                 if self._spec is not None else []
@@ -331,7 +344,7 @@ class MergeSink:
             release(batch)
         # SCD 1 events dropped as older than a tombstone or a truncate (the MERGE counted what was left)
         late = stats.rows - int(metrics["numSourceRows"] or 0) \
-            if self._scd_type == 1 and merge_stats is None and not metrics["skipped"] else 0
+            if self._scd_type == 1 and merge_stats is not stats and not metrics["skipped"] else 0
         merge_ms = int(metrics["scanTimeMs"] or 0) + int(metrics["rewriteTimeMs"] or 0)
         compaction = (run_auto_compaction(spark, self._auto_compact, batch_id, snapshot, location)
                       if self._auto_compact is not None and not metrics["skipped"] else None)
@@ -347,18 +360,26 @@ class MergeSink:
             timestamp=_now(), target=self.target, deadLetterRows=dead_letter_rows, compaction=compaction,
             numTruncates=len(truncate_values)))
 
-    def _materialize(self, spark: SparkSession, batch_df: DataFrame, level: str
-                     ) -> tuple[DataFrame, tuple[int, int, int, list[Any], Any], SourceStats]:
+    def _materialize(self, spark: SparkSession, batch_df: DataFrame, level: str,
+                     drop_late: Callable[[DataFrame], DataFrame] | None = None
+                     ) -> tuple[DataFrame, tuple[int, int, int, list[Any], Any], SourceStats, int | None]:
         """The batch, prepared (one event per key, NULL-key rows flagged), checkpointed in one
         job that also observes (rows, NULL-key rows, delete events, truncate values, the oldest
-        event's first sequence value or None when an event has none) and the key ranges."""
+        event's first sequence value or None when an event has none) and the key ranges.
+        With ``drop_late`` (the tombstone filter) the copy holds what it keeps, and the last
+        value is how many keyed rows that is (observed in the same job; None without it)."""
         if self._spec is None:
             observation = Observation()
             frame, _ = materialize(batch_df.observe(observation, F.count(F.lit(1)).alias("rows")), level)
             rows = int(observation.get.get("rows") or 0)
-            return frame, (rows, 0, 0, [], None), SourceStats(rows, {})
+            return frame, (rows, 0, 0, [], None), SourceStats(rows, {}), None
         prepared = prepare_observed(batch_df, self._spec, max(1, int(spark.sparkContext.defaultParallelism)))
-        frame, _ = materialize(prepared.frame, level)
+        kept: Observation | None = None
+        to_copy = prepared.frame
+        if drop_late is not None:
+            kept = Observation()
+            to_copy = drop_late(to_copy).observe(kept, F.count(F.when(~F.col(NULL_KEY_FLAG), 1)).alias("rows"))
+        frame, _ = materialize(to_copy, level)
         stats = source_stats_of(prepared.stats.get, list(self._spec.keys))
         # One event per key either way: "last" keeps the newest, "error" refuses duplicates
         # (SCD 2 keeps several, but its MERGE source is built from them later).
@@ -368,7 +389,7 @@ class MergeSink:
         truncates = [v for v in observed.get("truncates") or [] if v is not None]
         oldest = observed.get("sequenceLo") if not observed.get("sequenceNulls") else None
         return frame, (int(observed["rows"] or 0), int(observed["nullKeys"] or 0), int(observed["deletes"] or 0),
-                       truncates, oldest), stats
+                       truncates, oldest), stats, int(kept.get["rows"] or 0) if kept is not None else None
 
     def _resolve_app_id(self, spark: SparkSession) -> str:
         if self._app_id:

@@ -58,32 +58,49 @@ class Tombstones:
         """The tombstone table as of now, or None before the first delete."""
         return load_snapshot(self.path) if table_exists(self.path) else None
 
-    def without_late(self, spark: SparkSession, events: DataFrame, key_ranges: Mapping[str, tuple[Any, Any]],
-                     snapshot: Snapshot | None, oldest_sequence: Any = None) -> DataFrame | None:
-        """``events`` minus the inserts/updates not newer than a tombstone of their key, or None
-        when no tombstone can make one of them late, decided on the driver from the tombstone
-        files' stats (no Spark job, no scan of tombstones): no file's key range overlaps the
-        batch's, or every overlapping file's newest sequence value is older than
-        ``oldest_sequence`` (the batch's oldest first sequence value, None when unknown or when
-        an event has none). In-order streams (every event newer than every earlier delete, the
-        usual case) thus pay nothing for tombstones but the append of their own deletes.
-
-        The result is a lazy anti join against the overlapping tombstone files only, for the
-        MERGE to materialize together with its own source statistics.
-        """
+    def lookup_files(self, spark: SparkSession, snapshot: Snapshot | None,
+                     key_ranges: Mapping[str, tuple[Any, Any]], oldest_sequence: Any = None) -> list[DataFile]:
+        """The tombstone files a batch must be checked against, decided on the driver from the
+        files' stats (no Spark job, no scan of tombstones): none when no file's key range
+        overlaps the batch's, or when every overlapping file's newest sequence value is older
+        than ``oldest_sequence`` (the batch's oldest first sequence value, None when unknown or
+        when an event has none). In-order streams (every event newer than every earlier delete,
+        the usual case) thus pay nothing for tombstones but the append of their own deletes."""
         files = self._overlapping_files(spark, snapshot, key_ranges)
         if not files or self._all_older_than(snapshot, files, oldest_sequence):
-            return None
-        assert snapshot is not None
+            return []
+        return files
+
+    @staticmethod
+    def all_files(snapshot: Snapshot | None) -> list[DataFile]:
+        """Every tombstone file that holds a row."""
+        return [f for f in snapshot.files if f.num_records] if snapshot is not None else []
+
+    def lookup_reads_most(self, snapshot: Snapshot | None, files: Sequence[DataFile]) -> bool:
+        """True when a lookup of ``files`` reads at least half the tombstones' bytes: pruning by
+        the batch's key range saved little (uniform keys overlap every file), so the next batch
+        may as well drop its late events while it is materialized, against every file, instead
+        of after it in a pass of the MERGE's own."""
+        everything = sum(f.size for f in self.all_files(snapshot))
+        return bool(files) and 2 * sum(f.size for f in files) >= everything
+
+    def without_late(self, spark: SparkSession, events: DataFrame, snapshot: Snapshot,
+                     files: Sequence[DataFile], partitioned_by_keys: bool = False) -> DataFrame:
+        """``events`` minus the inserts/updates not newer than a tombstone of their key in
+        ``files``, lazily (an anti join; a left join that also forgets older values for
+        partial updates). ``partitioned_by_keys``: the events are already hash-partitioned on
+        the keys into the session's default parallelism, so they are joined without a shuffle."""
         overlapping = self._scan(spark, snapshot, files)
         keys = [F.col(f"`{k}`") for k in self._spec.keys]
         partitions = max(1, int(spark.sparkContext.defaultParallelism))
         tombstones = overlapping.repartition(partitions, *keys).alias("d").hint("shuffle_hash")
+        if not partitioned_by_keys:
+            events = events.repartition(partitions, *keys)
         if self._spec.partial:
-            return self._without_late_values(events, tombstones, keys, partitions)
+            return self._without_late_values(events, tombstones, keys)
         condition = (F.expr(" AND ".join(f"e.`{k}` = d.`{k}`" for k in self._spec.keys))
                      & ~F.col(f"e.`{DELETE_FLAG}`") & ~F.expr(self._newer_than_tombstone()))
-        return events.repartition(partitions, *keys).alias("e").join(tombstones, condition, "left_anti")
+        return events.alias("e").join(tombstones, condition, "left_anti")
 
     def overlapping(self, spark: SparkSession, snapshot: Snapshot | None,
                     key_ranges: Mapping[str, tuple[Any, Any]]) -> DataFrame | None:
@@ -142,14 +159,13 @@ class Tombstones:
                 .select(sequence.alias("at")).distinct().collect())
         return sorted(row["at"] for row in rows)
 
-    def _without_late_values(self, events: DataFrame, tombstones: DataFrame, keys: list[Any],
-                             partitions: int) -> DataFrame:
+    def _without_late_values(self, events: DataFrame, tombstones: DataFrame, keys: list[Any]) -> DataFrame:
         """Partial updates: besides dropping the late events, forget the values a folded event
         took from events not newer than the key's newest tombstone (the row was deleted after
         them), so an insert after a delete never resurrects a deleted value."""
         spec = self._spec
         newest = tombstones.groupBy(*keys).agg(F.max(spec.sequence()).alias("__sm_tombstone__")).alias("d")
-        joined = events.repartition(partitions, *keys).alias("e").join(
+        joined = events.alias("e").join(
             newest, F.expr(" AND ".join(f"e.`{k}` = d.`{k}`" for k in spec.keys)), "left")
         tombstone = F.col("d.__sm_tombstone__")
         final = spec.sequence()  # the sequence columns are only on the events' side

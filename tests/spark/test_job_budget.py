@@ -240,3 +240,34 @@ def test_in_order_batch_newer_than_every_tombstone_skips_the_tombstone_lookup(
     assert 1 not in table and 4 not in table
     assert (table[2]["v"], table[3]["v"], table[5]["v"], table[600]["v"]) == ("back", "x", "y", "new")
     assert len(table) == 99  # 100 rows, keys 1 and 4 deleted, 600 new
+
+
+def test_after_a_lookup_of_most_tombstones_the_next_batch_drops_late_events_while_materialized(
+        spark: SparkSession, tmp_path: Path) -> None:
+    path = str(tmp_path / "late_again")
+    sink = sink_with_tombstones_for_keys_1_and_2(spark, path, "late-again")
+    # A late update of deleted key 1 needs the lookup; the MERGE filters and materializes it.
+    late = spark.createDataFrame([(1, 1, "u", "late"), (3, 4, "u", "x")], CDC_SCHEMA)
+    with profiling() as profile:
+        sink(late, 2)
+    assert profile.phases["materialize"].jobs >= 1
+    progress = sink.lastProgress
+    assert progress is not None and progress["numLateRowsDropped"] == 1
+    # That lookup read every tombstone file, so the next batch drops its late events while the
+    # sink materializes it: the MERGE takes that copy (no materialize job of its own).
+    again = spark.createDataFrame([(2, 1, "u", "late"), (2, 2, "c", "same lsn"), (1, 5, "c", "back"),
+                                   (7, 3, "d", None), (8, 6, "u", "y")], CDC_SCHEMA)
+    with profiling() as profile:
+        jobs_outside_merge_phases, _ = jobs_of(spark, lambda: sink(again, 3))
+    merge_materialize = profile.phases.get("materialize")
+    assert merge_materialize is None or merge_materialize.jobs == 0, "the MERGE materialized its source again"
+    assert jobs_outside_merge_phases + profile.jobs <= 6
+    progress = sink.lastProgress
+    assert progress is not None
+    # Key 2's events are both not newer than its tombstone (lsn 2); key 1 comes back after its delete.
+    assert (progress["numInputRows"], progress["numRowsAfterDedupe"], progress["numLateRowsDropped"]) == (5, 4, 1)
+    assert progress["metrics"]["numSourceRows"] == 3
+    table = by_id(path)
+    assert 2 not in table and 7 not in table
+    assert (table[1]["v"], table[3]["v"], table[8]["v"]) == ("back", "x", "y")
+    assert len(table) == 98  # 0..99 minus 2 and 7; key 1 back
