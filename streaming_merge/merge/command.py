@@ -106,6 +106,15 @@ class MergeOptions:
     # The target as the caller just read it (the sink does, for its txn check): saves the
     # MERGE its log load. Used on the first attempt only; a rerun reads the log again.
     snapshot: Snapshot | None = field(default=None, compare=False)
+    # Skip findTouchedFiles and rewrite every candidate file when the candidates hold at most
+    # this many bytes, no target row can match two source rows (so there is no multiple match
+    # to detect) and no clause acts on unmatched target rows. For callers that know the source
+    # touches every candidate anyway (the streaming sink, after a batch that did): the scan's
+    # Spark job then finds nothing the rewrite does not. Bounded because the rewrite is then a
+    # shuffled full outer join, where a scan would have let a broadcast source rewrite map-side.
+    # The metrics count what was done: every candidate removed, an untouched one's rows copied.
+    # 0 (Delta's algorithm) unless asked for.
+    rewrite_all_candidates_bytes: int = 0
     # Called with a phase name and the (materialized) source between phases; for
     # diagnostics and fault-injection tests.
     phase_hook: PhaseHook | None = field(default=None, compare=False)
@@ -121,6 +130,9 @@ class MergeOptions:
             raise ValueError("storage_levels needs at least one storage level name")
         if self.target_file_size < 1:
             raise ValueError(f"target_file_size must be a positive number of bytes, got {self.target_file_size}")
+        if self.rewrite_all_candidates_bytes < 0:
+            raise ValueError("rewrite_all_candidates_bytes must be 0 or more bytes, "
+                             f"got {self.rewrite_all_candidates_bytes}")
         if self.broadcast_scan_min_bytes < 0:
             raise ValueError(f"broadcast_scan_min_bytes must be 0 or more bytes, got {self.broadcast_scan_min_bytes}")
         if self.min_parallel_file_size < 1:
@@ -345,7 +357,13 @@ def _merge(spark: SparkSession, request: MergeRequest, snapshot: Snapshot, resol
     broadcast = stats is not None and fits_broadcast(source, stats.rows, options.broadcast_source_bytes)
     to_rewrite: list[DataFile] = []
     touched: TouchedFiles | None = None
-    if not clauses.is_insert_only:
+    if not clauses.is_insert_only and _rewrites_all_candidates(options, resolved, snapshot, source, stats, pairs,
+                                                              candidates):
+        assert stats is not None
+        metrics["numSourceRows"] = stats.rows
+        to_rewrite = list(candidates)
+        metrics["scanTimeMs"] = _millis_since(scan_started)
+    elif not clauses.is_insert_only:
         assert stats is not None
         metrics["numSourceRows"] = stats.rows
         map_side = broadcast and bool(resolved.not_matched) and not resolved.not_matched_by_source
@@ -411,6 +429,18 @@ def _merge(spark: SparkSession, request: MergeRequest, snapshot: Snapshot, resol
         delete_written(spark, snapshot.location, written)
         raise
     return MergeMetrics(metrics, attempts=attempt, table_version=version)
+
+
+def _rewrites_all_candidates(options: MergeOptions, resolved: ResolvedMerge, snapshot: Snapshot, source: DataFrame,
+                             stats: SourceStats | None, pairs: list[tuple[str, str]],
+                             candidates: Sequence[DataFile]) -> bool:
+    """Whether ``options.rewrite_all_candidates_bytes`` applies: findTouchedFiles would only say which
+    candidates to rewrite (no multiple match is possible, no clause acts on unmatched target rows,
+    and no unconditional delete counts its rows from the scan)."""
+    return (bool(candidates) and sum(f.size for f in candidates) <= options.rewrite_all_candidates_bytes
+            and stats is not None
+            and not resolved.not_matched_by_source and not resolved.clauses.is_only_one_unconditional_delete
+            and _single_match(snapshot, source, stats, pairs))
 
 
 def _single_match(snapshot: Snapshot, source: DataFrame, stats: SourceStats,

@@ -71,6 +71,13 @@ from streaming_merge.table.write import parquet_write_conf
 
 log = logging.getLogger(__name__)
 
+# After a batch whose MERGE touched every candidate file (uniform keys over a table of this
+# size do), the next batch skips findTouchedFiles and rewrites every candidate: one Spark job
+# fewer (MergeOptions.rewrite_all_candidates_bytes). Every PROBE_TOUCHED_EVERY-th batch of such a
+# run scans again, so a stream whose keys stop touching everything goes back to the scan.
+REWRITE_ALL_CANDIDATES_BYTES = 64 * 1024 * 1024
+PROBE_TOUCHED_EVERY = 8
+
 ClauseBuilder = Callable[[DeltaMergeBuilder], DeltaMergeBuilder]
 PhaseHook = Callable[[str, DataFrame], None]
 
@@ -190,6 +197,8 @@ class MergeSink:
         self._tombstones: Tombstones | None = None
         # Set by each batch for the next (see Tombstones.lookup_reads_most); off after a restart.
         self._filter_while_materializing = False
+        # Batches in a row whose MERGE rewrote every candidate file (see REWRITE_ALL_CANDIDATES_BYTES).
+        self._all_touched_streak = 0
         self._tombstone_settings = (tombstones, tombstone_retention, tombstone_purge_every)
 
     # ------------------------------------------------------------------ progress
@@ -345,6 +354,10 @@ class MergeSink:
         # SCD 1 events dropped as older than a tombstone or a truncate (the MERGE counted what was left)
         late = stats.rows - int(metrics["numSourceRows"] or 0) \
             if self._scd_type == 1 and merge_stats is not stats and not metrics["skipped"] else 0
+        candidates = int(metrics["numTargetFilesAfterSkipping"] or 0)
+        removed = int(metrics["numTargetFilesRemoved"] or 0)
+        all_touched = not metrics["skipped"] and candidates > 0 and removed == candidates
+        self._all_touched_streak = self._all_touched_streak + 1 if all_touched else 0
         merge_ms = int(metrics["scanTimeMs"] or 0) + int(metrics["rewriteTimeMs"] or 0)
         compaction = (run_auto_compaction(spark, self._auto_compact, batch_id, snapshot, location)
                       if self._auto_compact is not None and not metrics["skipped"] else None)
@@ -419,6 +432,9 @@ class MergeSink:
         # source (stats None) is materialized by the MERGE, which counts what is left.
         options: dict[str, Any] = {f.name: getattr(self._merge_options, f.name)
                                    for f in dataclasses.fields(MergeOptions)}
+        if self._all_touched_streak % PROBE_TOUCHED_EVERY:
+            options["rewrite_all_candidates_bytes"] = max(options["rewrite_all_candidates_bytes"],
+                                                          REWRITE_ALL_CANDIDATES_BYTES)
         options.update({"materialize_source": "none" if stats is not None else "all",
                         "source_stats": stats, "snapshot": snapshot, "storage_levels": self._storage_levels,
                         "before_commit": before_commit})

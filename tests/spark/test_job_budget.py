@@ -20,6 +20,7 @@ from pyspark.sql import DataFrame, SparkSession
 from streaming_merge import DeltaTable, MergeSink
 from streaming_merge._profile import profiling
 from streaming_merge.merge.materialize import is_stable, should_materialize
+from streaming_merge.streaming.sink import PROBE_TOUCHED_EVERY
 from tests.job_count import jobs_of
 
 
@@ -271,3 +272,38 @@ def test_after_a_lookup_of_most_tombstones_the_next_batch_drops_late_events_whil
     assert 2 not in table and 7 not in table
     assert (table[1]["v"], table[3]["v"], table[8]["v"]) == ("back", "x", "y")
     assert len(table) == 98  # 0..99 minus 2 and 7; key 1 back
+
+
+def test_after_a_batch_that_touched_every_candidate_the_next_skips_find_touched_files(
+        spark: SparkSession, tmp_path: Path) -> None:
+    path = str(tmp_path / "touch_all")
+    DeltaTable.createFromDataFrame(
+        spark.createDataFrame([(i, 1, "c", "a") for i in range(100)], CDC_SCHEMA).repartitionByRange(4, "id"), path)
+    sink = MergeSink(path, keys="id", sequence_by="lsn", delete_when="op = 'd'", app_id="touch-all")
+
+    def batch(rows: list[tuple[Any, ...]], batch_id: int) -> tuple[dict[str, Any], dict[str, int]]:
+        with profiling() as profile:
+            sink(spark.createDataFrame(rows, CDC_SCHEMA), batch_id)
+        progress = sink.lastProgress
+        assert progress is not None
+        return progress["metrics"], {name: stats.jobs for name, stats in profile.phases.items()}
+
+    # Keys 0..99 in 4 files by range: keys 1 and 30 touch both files of the range [1, 30].
+    metrics, jobs = batch([(1, 2, "u", "b"), (30, 2, "u", "b")], 0)
+    assert jobs["findTouchedFiles"] >= 1
+    assert metrics["numTargetFilesRemoved"] == metrics["numTargetFilesAfterSkipping"] == 2
+    # So the next batch rewrites every candidate without the scan, though it leaves one of them
+    # (keys 50..74) untouched: that file's rows are copied, and the table is what the scan makes.
+    metrics, jobs = batch([(2, 4, "u", "d"), (3, 4, "d", None), (90, 4, "u", "d"), (500, 4, "c", "new")], 1)
+    assert jobs.get("findTouchedFiles", 0) == 0
+    assert metrics["numTargetFilesRemoved"] == metrics["numTargetFilesAfterSkipping"] == 3
+    assert (metrics["numTargetRowsUpdated"], metrics["numTargetRowsDeleted"], metrics["numTargetRowsInserted"],
+            metrics["numTargetRowsCopied"], metrics["numSourceRows"]) == (2, 1, 1, 97, 4)
+    table = by_id(path)
+    assert [table[k]["v"] for k in (1, 2, 60, 90, 500)] == ["b", "d", "a", "d", "new"]
+    assert 3 not in table and len(table) == 100
+    # Every PROBE_TOUCHED_EVERY-th batch of such a run scans again, to notice keys that stop
+    # touching every candidate.
+    scanned = [batch([(60, batch_id, "u", "e")], batch_id)[1].get("findTouchedFiles", 0) > 0
+               for batch_id in range(2, PROBE_TOUCHED_EVERY + 1)]
+    assert scanned == [False] * (PROBE_TOUCHED_EVERY - 2) + [True]

@@ -38,6 +38,7 @@ from pyspark.sql import DataFrame, SparkSession
 
 from streaming_merge import DeltaTable
 from streaming_merge.errors import MergeAnalysisError, MultipleSourceRowMatchingTargetRowError
+from streaming_merge.merge.skipping import SourceStats
 from tests.merge_exprs import COLUMN_TYPES, COLUMNS, S, T, and_, eq, gt, is_null, lit, null_safe_eq
 from tests.merge_model import (
     COUNT_KEYS,
@@ -137,6 +138,14 @@ def run_merge(spark: SparkSession, path: str, step: MergeStep) -> Mapping[str, A
         # does (the target streamed past the broadcast source, inserts found by key), so both
         # strategies face the model; the choice depends on the case only, so shrinking keeps it.
         builder = builder.withOptions(broadcast_scan_min_bytes=0)
+    elif "k" in step.source_columns and len({r["k"] for r in step.source}) == len(step.source):
+        # Unique source keys, as the streaming sink hands them over with its observed stats: the
+        # MERGE may skip findTouchedFiles and rewrite every candidate file instead.
+        keys = [r["k"] for r in step.source if r["k"] is not None]
+        stats = SourceStats(len(step.source), {"k": (min(keys), max(keys)) if keys else (None, None)},
+                            unique_keys=("k",))
+        builder = builder.withOptions(materialize_source="none", source_stats=stats,
+                                      rewrite_all_candidates_bytes=1 << 40)
     return builder.execute()
 
 
