@@ -47,6 +47,17 @@ def sink_with_tombstones_for_keys_1_and_2(spark: SparkSession, path: str, app_id
     return sink
 
 
+def batch_the_merge_filters_and_materializes(spark: SparkSession, sink: MergeSink, rows: list[tuple[Any, ...]],
+                                             batch_id: int, late: int) -> None:
+    """Apply a batch whose tombstone lookup is needed and not predicted: the MERGE materializes
+    the filtered batch in a job of its own, and ``late`` events are dropped."""
+    with profiling() as profile:
+        sink(spark.createDataFrame(rows, CDC_SCHEMA), batch_id)
+    assert profile.phases["materialize"].jobs >= 1
+    progress = sink.lastProgress
+    assert progress is not None and progress["numLateRowsDropped"] == late
+
+
 def parquet_source(spark: SparkSession, folder: Path, rows: list[tuple[int, int, str]]) -> DataFrame:
     spark.createDataFrame(rows, "id long, amount long, status string").coalesce(1).write.mode(
         "overwrite").parquet(str(folder))
@@ -231,12 +242,7 @@ def test_in_order_batch_newer_than_every_tombstone_skips_the_tombstone_lookup(
     assert progress is not None and progress["numLateRowsDropped"] == 0
     assert progress["metrics"]["numSourceRows"] == 4
     # One event older than a tombstone (key 4's, at lsn 6) makes the lookup necessary again.
-    mixed = spark.createDataFrame([(4, 5, "u", "late"), (5, 8, "u", "y")], CDC_SCHEMA)
-    with profiling() as profile:
-        sink(mixed, 3)
-    assert profile.phases["materialize"].jobs >= 1
-    progress = sink.lastProgress
-    assert progress is not None and progress["numLateRowsDropped"] == 1
+    batch_the_merge_filters_and_materializes(spark, sink, [(4, 5, "u", "late"), (5, 8, "u", "y")], 3, late=1)
     table = by_id(path)
     assert 1 not in table and 4 not in table
     assert (table[2]["v"], table[3]["v"], table[5]["v"], table[600]["v"]) == ("back", "x", "y", "new")
@@ -248,12 +254,7 @@ def test_after_a_lookup_of_most_tombstones_the_next_batch_drops_late_events_whil
     path = str(tmp_path / "late_again")
     sink = sink_with_tombstones_for_keys_1_and_2(spark, path, "late-again")
     # A late update of deleted key 1 needs the lookup; the MERGE filters and materializes it.
-    late = spark.createDataFrame([(1, 1, "u", "late"), (3, 4, "u", "x")], CDC_SCHEMA)
-    with profiling() as profile:
-        sink(late, 2)
-    assert profile.phases["materialize"].jobs >= 1
-    progress = sink.lastProgress
-    assert progress is not None and progress["numLateRowsDropped"] == 1
+    batch_the_merge_filters_and_materializes(spark, sink, [(1, 1, "u", "late"), (3, 4, "u", "x")], 2, late=1)
     # That lookup read every tombstone file, so the next batch drops its late events while the
     # sink materializes it: the MERGE takes that copy (no materialize job of its own).
     again = spark.createDataFrame([(2, 1, "u", "late"), (2, 2, "c", "same lsn"), (1, 5, "c", "back"),
