@@ -88,8 +88,9 @@ class Tombstones:
                      files: Sequence[DataFile], partitioned_by_keys: bool = False) -> DataFrame:
         """``events`` minus the inserts/updates not newer than a tombstone of their key in
         ``files``, lazily (an anti join; a left join that also forgets older values for
-        partial updates). ``partitioned_by_keys``: the events are already hash-partitioned on
-        the keys into the session's default parallelism, so they are joined without a shuffle."""
+        partial updates). ``partitioned_by_keys``: the events come straight from the sink's
+        fold, hash-partitioned on the keys, so no repartition is added (Spark still adds an
+        exchange where their partitioning does not fit the join, e.g. after dedupe="error")."""
         overlapping = self._scan(spark, snapshot, files)
         keys = [F.col(f"`{k}`") for k in self._spec.keys]
         partitions = max(1, int(spark.sparkContext.defaultParallelism))
