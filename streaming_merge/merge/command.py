@@ -357,30 +357,27 @@ def _merge(spark: SparkSession, request: MergeRequest, snapshot: Snapshot, resol
     broadcast = stats is not None and fits_broadcast(source, stats.rows, options.broadcast_source_bytes)
     to_rewrite: list[DataFile] = []
     touched: TouchedFiles | None = None
-    if not clauses.is_insert_only and _rewrites_all_candidates(options, resolved, snapshot, source, stats, pairs,
-                                                              candidates):
-        assert stats is not None
-        metrics["numSourceRows"] = stats.rows
-        to_rewrite = list(candidates)
-        metrics["scanTimeMs"] = _millis_since(scan_started)
-    elif not clauses.is_insert_only:
-        assert stats is not None
-        metrics["numSourceRows"] = stats.rows
-        map_side = broadcast and bool(resolved.not_matched) and not resolved.not_matched_by_source
-        broadcast_scan = (broadcast and not resolved.not_matched_by_source
-                          and metrics["numTargetBytesAfterSkipping"] >= options.broadcast_scan_min_bytes
-                          and (not map_side or matches_by_key(request.condition, scope)))
-        with phase(spark, "findTouchedFiles", "MERGE operation - scanning files for matches"):
-            touched = find_touched_files(spark, snapshot, candidates, source, resolved, pairs,
-                                         keep_unmatched_source=level if map_side else None,
-                                         single_match=_single_match(snapshot, source, stats, pairs),
-                                         broadcast_source=broadcast_scan)
-        if touched.checkpoint is not None:
-            held.append(touched.checkpoint)
-        to_rewrite = touched.files
-        metrics["scanTimeMs"] = _millis_since(scan_started)
-    else:
+    if clauses.is_insert_only:
         metrics["scanTimeMs"] = 0
+    else:
+        assert stats is not None
+        metrics["numSourceRows"] = stats.rows
+        if _rewrites_all_candidates(options, resolved, snapshot, source, stats, pairs, candidates):
+            to_rewrite = list(candidates)
+        else:
+            map_side = broadcast and bool(resolved.not_matched) and not resolved.not_matched_by_source
+            broadcast_scan = (broadcast and not resolved.not_matched_by_source
+                              and metrics["numTargetBytesAfterSkipping"] >= options.broadcast_scan_min_bytes
+                              and (not map_side or matches_by_key(request.condition, scope)))
+            with phase(spark, "findTouchedFiles", "MERGE operation - scanning files for matches"):
+                touched = find_touched_files(spark, snapshot, candidates, source, resolved, pairs,
+                                             keep_unmatched_source=level if map_side else None,
+                                             single_match=_single_match(snapshot, source, stats, pairs),
+                                             broadcast_source=broadcast_scan)
+            if touched.checkpoint is not None:
+                held.append(touched.checkpoint)
+            to_rewrite = touched.files
+        metrics["scanTimeMs"] = _millis_since(scan_started)
     hook("after_find_touched_files", source)
 
     rewrite_started = time.monotonic()
@@ -432,13 +429,11 @@ def _merge(spark: SparkSession, request: MergeRequest, snapshot: Snapshot, resol
 
 
 def _rewrites_all_candidates(options: MergeOptions, resolved: ResolvedMerge, snapshot: Snapshot, source: DataFrame,
-                             stats: SourceStats | None, pairs: list[tuple[str, str]],
-                             candidates: Sequence[DataFile]) -> bool:
+                             stats: SourceStats, pairs: list[tuple[str, str]], candidates: Sequence[DataFile]) -> bool:
     """Whether ``options.rewrite_all_candidates_bytes`` applies: findTouchedFiles would only say which
     candidates to rewrite (no multiple match is possible, no clause acts on unmatched target rows,
     and no unconditional delete counts its rows from the scan)."""
     return (bool(candidates) and sum(f.size for f in candidates) <= options.rewrite_all_candidates_bytes
-            and stats is not None
             and not resolved.not_matched_by_source and not resolved.clauses.is_only_one_unconditional_delete
             and _single_match(snapshot, source, stats, pairs))
 
