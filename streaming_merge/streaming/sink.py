@@ -45,11 +45,11 @@ from streaming_merge.streaming.cdc import (
     NULL_KEY_FLAG,
     PROVIDER_PREFIX,
     RESET_COL,
+    BatchPreparer,
     CdcSpec,
     ColumnSelection,
     Dedupe,
     forget_truncated,
-    prepare_observed,
 )
 from streaming_merge.streaming.compaction import AutoCompact, run_auto_compaction
 from streaming_merge.streaming.progress import MergeProgress, ProgressLog
@@ -176,6 +176,8 @@ class MergeSink:
         self._spec = CdcSpec(key_list, sequence_list, delete_when, dedupe, ignore_null_updates,
                              unavailable_value, apply_as_truncates, keep_all_events=scd_type == 2
                              ) if key_list else None
+        # The batch's CDC plan, its expressions built once per batch schema (BatchPreparer).
+        self._preparer = BatchPreparer(self._spec) if self._spec else None
         self._recorded_truncates: set[Any] | None = None  # cached: this sink is the tombstone table's writer
         self._condition = condition or (self._spec.key_condition() if self._spec else "")
         self._selection = ColumnSelection(
@@ -381,12 +383,12 @@ class MergeSink:
         event's first sequence value or None when an event has none) and the key ranges.
         With ``drop_late`` (the tombstone filter) the copy holds what it keeps, and the last
         value is how many keyed rows that is (observed in the same job; None without it)."""
-        if self._spec is None:
+        if self._spec is None or self._preparer is None:
             observation = Observation()
             frame, _ = materialize(batch_df.observe(observation, F.count(F.lit(1)).alias("rows")), level)
             rows = int(observation.get.get("rows") or 0)
             return frame, (rows, 0, 0, [], None), SourceStats(rows, {}), None
-        prepared = prepare_observed(batch_df, self._spec, max(1, int(spark.sparkContext.defaultParallelism)))
+        prepared = self._preparer.prepare(batch_df, max(1, int(spark.sparkContext.defaultParallelism)))
         kept: Observation | None = None
         to_copy = prepared.frame
         if drop_late is not None:

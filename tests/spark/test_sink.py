@@ -285,3 +285,31 @@ def test_tombstone_append_runs_beside_the_merge_which_commits_only_after_it(
     assert [(t["id"], t["lsn"]) for t in read(f"{table_path}_tombstones")] == [(1, 5)]
     sink(frame(spark, [{"id": 1, "lsn": 4, "op": "u", "name": "late", "amount": 9}]), 2)
     assert 1 not in table_state(read(table_path)) and sink.lastProgress["numLateRowsDropped"] == 1
+
+
+def test_the_batch_plan_is_built_once_per_batch_schema(spark: SparkSession, table_path: str,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """The CDC plan's expressions (hundreds of JVM round trips) are kept for the next batch
+    of the same schema; a batch with another schema gets a plan of its own."""
+    from streaming_merge.streaming import cdc
+
+    built: list[tuple[str, ...]] = []
+    real_plan = cdc._plan
+
+    def counting_plan(spec: Any, columns: Any, types: Any, partitions: int) -> Any:
+        built.append(tuple(columns))
+        return real_plan(spec, columns, types, partitions)
+
+    monkeypatch.setattr(cdc, "_plan", counting_plan)
+    sink = cdc_sink(table_path, schema_evolution=True)
+    sink(frame(spark, [{"id": 1, "lsn": 10, "op": "c", "name": "a", "amount": 1},
+                       {"id": 1, "lsn": 11, "op": "u", "name": "b", "amount": 2}]), 0)
+    sink(frame(spark, [{"id": 2, "lsn": 12, "op": "c", "name": "c", "amount": 3},
+                       {"id": 1, "lsn": 13, "op": "d", "name": None, "amount": None}]), 1)
+    columns = ("id", "lsn", "op", "name", "amount")
+    assert built == [columns]
+    wider = spark.createDataFrame([(2, 14, "u", "d", 4, "x"), (3, 15, "c", "e", 5, "y")], f"{SCHEMA}, note string")
+    sink(wider, 2)
+    assert built == [columns, (*columns, "note")]
+    assert sorted((r["id"], r["name"], r["amount"], r["note"]) for r in read(table_path)) == [
+        (2, "d", 4, "x"), (3, "e", 5, "y")]
