@@ -132,7 +132,7 @@ def test_the_decode_is_one_job_and_both_frames_read_its_copy(spark: SparkSession
     records = kafka_records(spark)
     # Staging plan: one typed parse per record plus the three step-by-step parses that only
     # records rejected by the first one reach; each appears once (nothing copied per use).
-    staged_plan = debezium._stage(records, ROW_SCHEMA, ["id"])._jdf.queryExecution().executedPlan().toString()
+    staged_plan = debezium._stage(ROW_SCHEMA, ["id"])(records)._jdf.queryExecution().executedPlan().toString()
     assert staged_plan.count("from_json") == 4
 
     jobs, decoded = jobs_of(spark, lambda: debezium.decode_batch(records, ROW_SCHEMA, keys=["id"]))
@@ -220,3 +220,17 @@ def test_a_new_table_without_a_row_schema_takes_the_inferred_one(spark: SparkSes
     assert [(f.name, f.type.type) for f in table.schema().fields][:2] == [("id", "long"), ("v", "string")]
     assert {r["id"]: r["v"] for r in table.to_pyarrow_table().to_pylist()} == {1: "b", 3: None}
     assert [(p["malformedRecords"], p["tombstones"]) for p in progress] == [(0, 1)]
+
+
+def test_the_decode_plan_is_built_once_per_schema_and_options(spark: SparkSession) -> None:
+    """A stream decodes every batch with the same schema: the plan's expressions (hundreds
+    of JVM round trips) are built by the first batch and reused; other options get their own."""
+    first = debezium._plan_for(kafka_records(spark), ROW_SCHEMA, ["id"], False)
+    assert debezium._plan_for(kafka_records(spark), ROW_SCHEMA, ["id"], False) is first
+    assert debezium._plan_for(kafka_records(spark), ROW_SCHEMA, ["id"], True) is not first
+    assert debezium._plan_for(kafka_records(spark), ROW_SCHEMA, [], False) is not first
+    decoded = debezium.decode_batch(kafka_records(spark), ROW_SCHEMA, keys=["id"])
+    try:
+        assert [tuple(r) for r in decoded.events.collect()] == expected_events()
+    finally:
+        decoded.release()
