@@ -9,7 +9,10 @@ an overflow raises instead of wrapping or turning into NULL.
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any, TypeVar
 
 from pyspark.errors import AnalysisException
 from pyspark.sql import Column, DataFrame, SparkSession
@@ -27,6 +30,8 @@ from pyspark.sql.types import (
 from streaming_merge.errors import MergeAnalysisError
 from streaming_merge.merge.clauses import ClauseSet, MergeClause, expr_text, to_column
 from streaming_merge.table.schema import evolve
+
+T = TypeVar("T")
 
 SOURCE_PRESENT = "__sm_source_row_present__"
 TARGET_PRESENT = "__sm_target_row_present__"
@@ -54,10 +59,21 @@ class ResolvedMerge:
     output_schema: StructType
     target_alias: str
     source_alias: str
+    # Expressions derived from this MERGE alone (the rewrite's action codes, outputs and
+    # counts), built by the first MERGE that needs them: a resolved MERGE is reused by every
+    # micro-batch of a stream, and building them is hundreds of Python→JVM round trips.
+    derived: dict[tuple[Any, ...], Any] = dataclasses.field(default_factory=dict, compare=False, repr=False)
 
     @property
     def all(self) -> list[ResolvedClause]:
         return [*self.matched, *self.not_matched, *self.not_matched_by_source]
+
+    def derive(self, key: tuple[Any, ...], build: Callable[[], T]) -> T:
+        """``build()``, remembered under ``key`` for the next MERGE that reuses this resolution."""
+        found = self.derived.get(key)
+        if found is None:
+            found = self.derived[key] = build()
+        return found  # type: ignore[no-any-return]
 
 
 def fits_broadcast(frame: DataFrame, rows: int, threshold: int | None = None) -> bool:

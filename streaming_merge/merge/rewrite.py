@@ -55,36 +55,45 @@ def observed(observation: Observation) -> dict[str, int]:
         return {}
 
 
-def _first_applicable(clauses: Sequence[ResolvedClause], default: int) -> Column:
+def _first_applicable(resolved: ResolvedMerge, clauses: Sequence[ResolvedClause], default: int) -> Column:
     """Code of the first clause whose condition holds (NULL counts as false)."""
-    result: Column | None = None
-    for clause in clauses:
-        condition = clause.condition if clause.condition is not None else F.lit(True)
-        result = F.when(condition, F.lit(clause.code)) if result is None else result.when(
-            condition, F.lit(clause.code))
-    return F.lit(default) if result is None else result.otherwise(F.lit(default))
+    def build() -> Column:
+        result: Column | None = None
+        for clause in clauses:
+            condition = clause.condition if clause.condition is not None else F.lit(True)
+            result = F.when(condition, F.lit(clause.code)) if result is None else result.when(
+                condition, F.lit(clause.code))
+        return F.lit(default) if result is None else result.otherwise(F.lit(default))
+
+    return resolved.derive(("first", default, *[c.code for c in clauses]), build)
 
 
-def _count(codes: Sequence[int], name: str) -> Column:
-    if not codes:
-        return F.lit(0).alias(name)
-    return F.sum(F.when(F.col(ACTION_COL).isin(list(codes)), 1).otherwise(0)).alias(name)
+def _count(resolved: ResolvedMerge, codes: Sequence[int], name: str) -> Column:
+    def build() -> Column:
+        if not codes:
+            return F.lit(0).alias(name)
+        return F.sum(F.when(F.col(ACTION_COL).isin(list(codes)), 1).otherwise(0)).alias(name)
+
+    return resolved.derive(("count", name, *codes), build)
 
 
 def _outputs(resolved: ResolvedMerge, clauses: Sequence[ResolvedClause], copy_from_target: bool) -> list[Column]:
-    writers = [c for c in clauses if c.outputs is not None]
-    columns = []
-    for field in resolved.output_schema.fields:
-        fallback = qualified(resolved.target_alias, field.name) if copy_from_target else F.lit(None)
-        value: Column | None = None
-        for clause in writers:
-            assert clause.outputs is not None
-            branch = clause.outputs[field.name]
-            value = F.when(F.col(ACTION_COL) == clause.code, branch) if value is None else value.when(
-                F.col(ACTION_COL) == clause.code, branch)
-        value = fallback if value is None else value.otherwise(fallback)
-        columns.append(value.cast(field.dataType).alias(field.name))
-    return columns
+    def build() -> list[Column]:
+        writers = [c for c in clauses if c.outputs is not None]
+        columns = []
+        for field in resolved.output_schema.fields:
+            fallback = qualified(resolved.target_alias, field.name) if copy_from_target else F.lit(None)
+            value: Column | None = None
+            for clause in writers:
+                assert clause.outputs is not None
+                branch = clause.outputs[field.name]
+                value = F.when(F.col(ACTION_COL) == clause.code, branch) if value is None else value.when(
+                    F.col(ACTION_COL) == clause.code, branch)
+            value = fallback if value is None else value.otherwise(fallback)
+            columns.append(value.cast(field.dataType).alias(field.name))
+        return columns
+
+    return resolved.derive(("outputs", copy_from_target, *[c.code for c in clauses]), build)
 
 
 def _codes(clauses: Sequence[ResolvedClause], delete: bool) -> list[int]:
@@ -94,11 +103,13 @@ def _codes(clauses: Sequence[ResolvedClause], delete: bool) -> list[int]:
 def _target_row_counts(resolved: ResolvedMerge) -> list[Column]:
     """The metrics of what happened to target rows (copied, updated, deleted), by action code."""
     return [
-        _count([COPY], "numTargetRowsCopied"),
-        _count(_codes(resolved.matched, delete=False), "numTargetRowsMatchedUpdated"),
-        _count(_codes(resolved.matched, delete=True), "numTargetRowsMatchedDeleted"),
-        _count(_codes(resolved.not_matched_by_source, delete=False), "numTargetRowsNotMatchedBySourceUpdated"),
-        _count(_codes(resolved.not_matched_by_source, delete=True), "numTargetRowsNotMatchedBySourceDeleted"),
+        _count(resolved, [COPY], "numTargetRowsCopied"),
+        _count(resolved, _codes(resolved.matched, delete=False), "numTargetRowsMatchedUpdated"),
+        _count(resolved, _codes(resolved.matched, delete=True), "numTargetRowsMatchedDeleted"),
+        _count(resolved, _codes(resolved.not_matched_by_source, delete=False),
+               "numTargetRowsNotMatchedBySourceUpdated"),
+        _count(resolved, _codes(resolved.not_matched_by_source, delete=True),
+               "numTargetRowsNotMatchedBySourceDeleted"),
     ]
 
 
@@ -161,14 +172,14 @@ def write_all_changes(
     source_present = F.col(SOURCE_PRESENT).isNotNull()
     target_present = F.col(TARGET_PRESENT).isNotNull()
     action = (
-        F.when(source_present & target_present, _first_applicable(resolved.matched, COPY))
-        .when(source_present, _first_applicable(resolved.not_matched, DROP))
-        .when(target_present, _first_applicable(resolved.not_matched_by_source, COPY))
+        F.when(source_present & target_present, _first_applicable(resolved, resolved.matched, COPY))
+        .when(source_present, _first_applicable(resolved, resolved.not_matched, DROP))
+        .when(target_present, _first_applicable(resolved, resolved.not_matched_by_source, COPY))
         .otherwise(F.lit(DROP))
     )
     with_action = joined.withColumn(ACTION_COL, action).observe(
         out_obs, *_target_row_counts(resolved),
-        _count(_codes(resolved.not_matched, delete=False), "numTargetRowsInserted"),
+        _count(resolved, _codes(resolved.not_matched, delete=False), "numTargetRowsInserted"),
     )
     dropped = [DROP, *_codes(resolved.all, delete=True)]
     output = with_action.filter(~F.col(ACTION_COL).isin(dropped)).select(*_outputs(resolved, resolved.all, True))
@@ -198,12 +209,13 @@ def write_changes_map_side(
            .alias(resolved.target_alias).withColumn(TARGET_PRESENT, F.lit(True)))
     target_side = resolved.matched + resolved.not_matched_by_source
     rewritten = tgt.join(src, resolved.condition, "left_outer")
-    action = F.when(F.col(SOURCE_PRESENT).isNotNull(), _first_applicable(resolved.matched, COPY)).otherwise(
-        _first_applicable(resolved.not_matched_by_source, COPY))
+    action = F.when(F.col(SOURCE_PRESENT).isNotNull(), _first_applicable(resolved, resolved.matched, COPY)).otherwise(
+        _first_applicable(resolved, resolved.not_matched_by_source, COPY))
     rewritten = rewritten.withColumn(ACTION_COL, action).observe(target_obs, *_target_row_counts(resolved))
     inserts = (unmatched_source.alias(resolved.source_alias)
-               .withColumn(ACTION_COL, _first_applicable(resolved.not_matched, DROP))
-               .observe(insert_obs, _count(_codes(resolved.not_matched, delete=False), "numTargetRowsInserted")))
+               .withColumn(ACTION_COL, _first_applicable(resolved, resolved.not_matched, DROP))
+               .observe(insert_obs,
+                        _count(resolved, _codes(resolved.not_matched, delete=False), "numTargetRowsInserted")))
     output = (
         rewritten.filter(~F.col(ACTION_COL).isin([DROP, *_codes(target_side, delete=True)]))
         .select(*_outputs(resolved, target_side, copy_from_target=True))
@@ -246,8 +258,8 @@ def write_inserts_only(
     else:
         unmatched = (source.alias(resolved.source_alias).withColumn(SOURCE_PRESENT, F.lit(True))
                      .observe(src_obs, F.count(F.lit(1)).alias("rows")))
-    with_action = unmatched.withColumn(ACTION_COL, _first_applicable(resolved.not_matched, DROP)).observe(
-        out_obs, _count(_codes(resolved.not_matched, delete=False), "numTargetRowsInserted")
+    with_action = unmatched.withColumn(ACTION_COL, _first_applicable(resolved, resolved.not_matched, DROP)).observe(
+        out_obs, _count(resolved, _codes(resolved.not_matched, delete=False), "numTargetRowsInserted")
     )
     output = with_action.filter(F.col(ACTION_COL) != DROP).select(
         *_outputs(resolved, resolved.not_matched, copy_from_target=False))

@@ -115,7 +115,8 @@ def test_large_scan_streams_the_target_past_the_broadcast_source(
 def test_resolution_is_reused_across_python_wrappers_of_one_session(
         spark: SparkSession, orders: str, tmp_path: Path) -> None:
     """foreachBatch wraps the query's session in a new Python SparkSession every micro-batch;
-    the same MERGE must still be resolved once, not once per batch."""
+    the same MERGE must still be resolved once, not once per batch, and the expressions
+    derived from the resolution (hundreds of JVM round trips) built once."""
     from streaming_merge.merge import command
 
     def upsert(session: SparkSession, rows: list[tuple[int, int, str]], name: str) -> Any:
@@ -126,10 +127,14 @@ def test_resolution_is_reused_across_python_wrappers_of_one_session(
 
     upsert(spark, [(1, 1, "first")], "a")
     cached = len(command._resolved_cache)
+    resolved = next(reversed(command._resolved_cache.values()))[0]  # the one just used
+    derived = dict(resolved.derived)  # the rewrite's action codes, outputs and counts
+    assert derived
     wrapper = SparkSession(spark.sparkContext, spark._jsparkSession)
     assert wrapper is not spark
     metrics = upsert(wrapper, [(2, 2, "second"), (7000, 3, "second")], "b")
     assert len(command._resolved_cache) == cached, "a new Python wrapper of the same session resolved again"
+    assert all(resolved.derived[key] is value for key, value in derived.items()), "rewrite expressions rebuilt"
     assert (metrics["numTargetRowsUpdated"], metrics["numTargetRowsInserted"]) == (1, 1)
     table = by_id(orders)
     assert (table[1]["status"], table[2]["status"], table[7000]["status"]) == ("first", "second", "second")
