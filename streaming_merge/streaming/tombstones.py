@@ -24,7 +24,7 @@ from streaming_merge.delta_table import DeltaTable
 from streaming_merge.merge.skipping import ColumnScope, SkippingPlan, decoded_paths
 from streaming_merge.streaming.cdc import DELETE_FLAG, CdcSpec, values_newer_than
 from streaming_merge.streaming.compaction import AutoCompact, run_auto_compaction
-from streaming_merge.table.append import append_rows
+from streaming_merge.table.append import append_rows, recorded_now
 from streaming_merge.table.location import TableLocation
 from streaming_merge.table.scan import scan_files
 from streaming_merge.table.snapshot import DataFile, Snapshot, load_snapshot, table_exists
@@ -184,7 +184,7 @@ class Tombstones:
         few, and a late event older than a truncate must stay dropped.
         """
         deletes = events.filter(F.col(f"`{DELETE_FLAG}`")).select(
-            *[F.col(f"`{c}`") for c in self._columns], F.current_timestamp().alias(DELETED_AT))
+            *[F.col(f"`{c}`") for c in self._columns], recorded_now().alias(DELETED_AT))
         types = dict(deletes.dtypes)
         for value in truncates:
             fields = [F.lit(None).cast(types[k]).alias(k) for k in self._spec.keys]
@@ -193,7 +193,7 @@ class Tombstones:
             else:
                 fields += [value.getField(c).alias(c) for c in self._spec.sequence_by]
             deletes = deletes.unionByName(
-                spark.range(1).select(*fields, F.current_timestamp().alias(DELETED_AT)))
+                spark.range(1).select(*fields, recorded_now().alias(DELETED_AT)))
         append_rows(spark, deletes, self.path, app_id, batch_id, snapshot)
         if self._purge_every and batch_id > 0 and batch_id % self._purge_every == 0:
             self.purge(spark)

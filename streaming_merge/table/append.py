@@ -3,7 +3,10 @@ commit with a txn."""
 
 from __future__ import annotations
 
-from pyspark.sql import DataFrame, SparkSession
+import datetime as dt
+
+from pyspark.sql import Column, DataFrame, SparkSession
+from pyspark.sql import functions as F
 
 from streaming_merge.errors import DeltaTableError
 from streaming_merge.table.commit import CommitRequest, commit
@@ -11,6 +14,23 @@ from streaming_merge.table.create import create_table
 from streaming_merge.table.location import TableLocation, TableRef, resolve
 from streaming_merge.table.snapshot import Snapshot, check_writable, load_snapshot, table_exists
 from streaming_merge.table.write import delete_written, write_files
+
+
+def recorded_now(now: dt.datetime | None = None) -> Column:
+    """The current time (UTC, microseconds) for a side row's "recorded at" column, as an
+    expression that does not change Spark's generated code from one micro-batch to the next.
+
+    ``current_timestamp()`` becomes a timestamp literal, which whole-stage codegen writes into
+    the generated Java source as a number: every append then compiles a new class (Janino) and
+    the JIT compiles it again, for the same plan. A string literal reaches the generated code
+    by reference instead. The optimizer folds or pushes a cast into a CASE, so the string is
+    parsed by ``to_timestamp`` with a format (which it leaves alone), behind a condition on the
+    task's partition (never false) that keeps the whole from being folded into a literal."""
+    text = (now or dt.datetime.now(dt.UTC)).astimezone(dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    return F.to_timestamp(F.when(F.spark_partition_id() >= 0, F.lit(text)), _RECORDED_FORMAT)
+
+
+_RECORDED_FORMAT = "yyyy-MM-dd'T'HH:mm:ss.SSSSSSX"
 
 
 def append_rows(spark: SparkSession, df: DataFrame, path: TableRef, app_id: str, version: int,

@@ -608,3 +608,24 @@ def test_footer_read_rejects_a_file_that_is_not_parquet(spark: SparkSession, tmp
     path.write_text('{"a": 1}\n' * 100)
     with pytest.raises(ValueError, match="is not a Parquet file"):
         HadoopFiles(spark, str(tmp_path)).read_footer(f"file:{path}", path.stat().st_size)
+
+
+def test_recorded_now_is_the_time_given_and_leaves_the_generated_code_unchanged(spark: SparkSession) -> None:
+    """Side rows (tombstones) carry the time they were recorded; a timestamp literal would be
+    written into the generated Java code, so every append would compile a new class."""
+    from streaming_merge.table.append import recorded_now
+
+    earlier = dt.datetime(2026, 11, 25, 13, 40, 14, 565645, tzinfo=dt.UTC)
+    later = dt.datetime(2026, 11, 25, 15, 1, 2, 3, tzinfo=dt.timezone(dt.timedelta(hours=1)))
+    frames = [spark.range(3).select(F.col("id"), recorded_now(t).alias("at")) for t in (earlier, later)]
+    micros = [{r["m"] for r in f.select(F.unix_micros("at").alias("m")).collect()} for f in frames]
+    assert micros == [{int(t.timestamp()) * 1_000_000 + t.microsecond} for t in (earlier, later)]
+
+    def generated(frame: DataFrame) -> list[str]:
+        code = frame._jdf.queryExecution().debug().codegenToSeq()
+        return [str(code.apply(i)._2()) for i in range(code.size())]
+
+    assert generated(frames[0]) and generated(frames[0]) == generated(frames[1])
+    literal = spark.range(3).select(F.col("id"), F.lit(earlier).alias("at"))
+    assert generated(literal) != generated(spark.range(3).select(F.col("id"), F.lit(later).alias("at"))), \
+        "the check cannot tell: a timestamp literal no longer changes the generated code"
