@@ -118,59 +118,44 @@ def find_touched_files(
                F.try_element_at(file_ids, F.col(FILE_PATH_COL)),
                F.raise_error(F.concat(F.lit("MERGE scanned a file it did not select: "), F.col(FILE_PATH_COL)))))
            .drop(FILE_PATH_COL))
-    clauses = resolved.clauses
     has_nmbs = bool(resolved.not_matched_by_source)
+    source_columns = [c for c in source.columns if c not in (SOURCE_PRESENT, TARGET_PRESENT)]
+    keep = bool(keep_unmatched_source)
+    built = resolved.derive(
+        ("touched", broadcast_source, keep, tuple(key_pairs), tuple(source_columns)),
+        lambda: _expressions(resolved, key_pairs, source_columns, keep, broadcast_source))
     if broadcast_source:
         if has_nmbs or (keep_unmatched_source and not key_pairs):
             raise ValueError("a broadcast findTouchedFiles keeps no unmatched target rows and finds the unmatched "
                              "source rows by key")
-        src = F.broadcast(src.alias(source_alias).withColumn(SOURCE_PRESENT, F.lit(True)))
-        tgt = tgt.alias(target_alias).withColumn(TARGET_PRESENT, F.lit(True))
+        src = F.broadcast(src.alias(source_alias).withColumn(SOURCE_PRESENT, built.present))
+        tgt = tgt.alias(target_alias).withColumn(TARGET_PRESENT, built.present)
         joined = tgt.join(src, resolved.condition, "inner")
     else:
         if key_pairs:
-            src = src.repartition(partitions, *[F.col(f"`{s}`") for _, s in key_pairs])
-            tgt = tgt.repartition(partitions, *[F.col(f"`{t}`") for t, _ in key_pairs])
-        src = src.alias(source_alias).withColumn(SOURCE_PRESENT, F.lit(True)).hint("shuffle_hash")
-        tgt = tgt.alias(target_alias).withColumn(TARGET_PRESENT, F.lit(True))
+            src = src.repartition(partitions, *built.source_keys)
+            tgt = tgt.repartition(partitions, *built.target_keys)
+        src = src.alias(source_alias).withColumn(SOURCE_PRESENT, built.present).hint("shuffle_hash")
+        tgt = tgt.alias(target_alias).withColumn(TARGET_PRESENT, built.present)
         join_type = "right_outer" if has_nmbs else "left_outer" if keep_unmatched_source else "inner"
         joined = src.join(tgt, resolved.condition, join_type)
 
-    matched_touch = any_of(resolved.matched) if clauses.is_matched_only else F.lit(True)
-    unmatched_touch = any_of(resolved.not_matched_by_source) if has_nmbs else F.lit(False)
-    touch = F.coalesce(
-        F.when(F.col(SOURCE_PRESENT).isNotNull(), matched_touch).otherwise(unmatched_touch), F.lit(False)
-    )
     key_columns = [t for t, _ in key_pairs]
-    source_columns = [c for c in source.columns if c not in (SOURCE_PRESENT, TARGET_PRESENT)]
-    kept_source = ([] if not keep_unmatched_source
-                   else [qualified(source_alias, s).alias(_source_key(i)) for i, (_, s) in enumerate(key_pairs)]
-                   if broadcast_source else [qualified(source_alias, c).alias(c) for c in source_columns])
-    rows = joined.select(
-        *kept_source,
-        F.col(SOURCE_PRESENT), F.col(FILE_ID_COL), F.col(ROW_INDEX_COL), touch.cast("int").alias(TOUCH_COL),
-        *[qualified(target_alias, k).alias(f"key_{i}") for i, k in enumerate(key_columns)],
-    )
+    rows = joined.select(*built.rows)
     checkpoint = None
     if keep_unmatched_source:
         rows = checkpoint = rows.localCheckpoint(eager=False, storageLevel=storage_level(keep_unmatched_source))
-    per_row = rows.filter(F.col(FILE_ID_COL).isNotNull())
+    per_row = rows.filter(built.in_candidate)
     if not single_match:  # count the matches of each target row: one more shuffle, of the matched rows
-        per_row = (per_row.repartition(partitions, F.col(FILE_ID_COL))
+        per_row = (per_row.repartition(partitions, built.file_id)
                    .groupBy(FILE_ID_COL, ROW_INDEX_COL)
-                   .agg(F.count(SOURCE_PRESENT).alias("matches"), F.max(TOUCH_COL).alias("touch"),
-                        *[F.first(f"key_{i}").alias(f"key_{i}") for i in range(len(key_columns))]))
+                   .agg(*built.per_row_counted))
     else:
-        per_row = per_row.select(FILE_ID_COL, F.col(SOURCE_PRESENT).isNotNull().cast("int").alias("matches"),
-                                 F.col(TOUCH_COL).alias("touch"))
-    per_file = per_row.groupBy(FILE_ID_COL).agg(
-        F.max("matches").alias("max_matches"),
-        F.max("touch").alias("touch"),
-        F.sum(F.when(F.col("matches") > 0, 1).otherwise(0)).alias("matched_rows"),
-    )
+        per_row = per_row.select(*built.per_row_single)
+    per_file = per_row.groupBy(FILE_ID_COL).agg(*built.per_file)
     summary = per_file.collect()
 
-    exempt = clauses.is_only_one_unconditional_delete
+    exempt = resolved.clauses.is_only_one_unconditional_delete
     if not exempt and any((row["max_matches"] or 0) > 1 for row in summary):
         offending = (per_row.filter(F.col("matches") > 1)
                      .orderBy(F.col("matches").desc()).limit(MAX_REPORTED_ROWS).collect())
@@ -182,8 +167,59 @@ def find_touched_files(
     if checkpoint is not None and broadcast_source:
         unmatched = _without_matched_keys(source, checkpoint, [s for _, s in key_pairs], partitions)
     elif checkpoint is not None:
-        unmatched = checkpoint.filter(F.col(FILE_ID_COL).isNull()).select(*[F.col(f"`{c}`") for c in source_columns])
+        unmatched = checkpoint.filter(built.outside_candidates).select(*built.source_columns)
     return TouchedFiles(touched, matched_rows, unmatched, checkpoint)
+
+
+@dataclass(frozen=True)
+class _Expressions:
+    """findTouchedFiles' expressions that depend on the resolved MERGE and the source's columns
+    only: built once per resolution (``ResolvedMerge.derive``), not per micro-batch."""
+
+    present: Column
+    source_keys: list[Column]
+    target_keys: list[Column]
+    rows: list[Column]
+    in_candidate: Column
+    outside_candidates: Column
+    file_id: Column
+    per_row_counted: list[Column]
+    per_row_single: list[Column]
+    per_file: list[Column]
+    source_columns: list[Column]
+
+
+def _expressions(resolved: ResolvedMerge, key_pairs: Sequence[tuple[str, str]], source_columns: Sequence[str],
+                 keep_unmatched_source: bool, broadcast_source: bool) -> _Expressions:
+    source_alias, target_alias = resolved.source_alias, resolved.target_alias
+    has_nmbs = bool(resolved.not_matched_by_source)
+    matched_touch = any_of(resolved.matched) if resolved.clauses.is_matched_only else F.lit(True)
+    unmatched_touch = any_of(resolved.not_matched_by_source) if has_nmbs else F.lit(False)
+    touch = F.coalesce(
+        F.when(F.col(SOURCE_PRESENT).isNotNull(), matched_touch).otherwise(unmatched_touch), F.lit(False)
+    )
+    key_columns = [t for t, _ in key_pairs]
+    kept_source = ([] if not keep_unmatched_source
+                   else [qualified(source_alias, s).alias(_source_key(i)) for i, (_, s) in enumerate(key_pairs)]
+                   if broadcast_source else [qualified(source_alias, c).alias(c) for c in source_columns])
+    return _Expressions(
+        present=F.lit(True),
+        source_keys=[F.col(f"`{s}`") for _, s in key_pairs],
+        target_keys=[F.col(f"`{t}`") for t, _ in key_pairs],
+        rows=[*kept_source,
+              F.col(SOURCE_PRESENT), F.col(FILE_ID_COL), F.col(ROW_INDEX_COL), touch.cast("int").alias(TOUCH_COL),
+              *[qualified(target_alias, k).alias(f"key_{i}") for i, k in enumerate(key_columns)]],
+        in_candidate=F.col(FILE_ID_COL).isNotNull(),
+        outside_candidates=F.col(FILE_ID_COL).isNull(),
+        file_id=F.col(FILE_ID_COL),
+        per_row_counted=[F.count(SOURCE_PRESENT).alias("matches"), F.max(TOUCH_COL).alias("touch"),
+                         *[F.first(f"key_{i}").alias(f"key_{i}") for i in range(len(key_columns))]],
+        per_row_single=[F.col(FILE_ID_COL), F.col(SOURCE_PRESENT).isNotNull().cast("int").alias("matches"),
+                        F.col(TOUCH_COL).alias("touch")],
+        per_file=[F.max("matches").alias("max_matches"), F.max("touch").alias("touch"),
+                  F.sum(F.when(F.col("matches") > 0, 1).otherwise(0)).alias("matched_rows")],
+        source_columns=[F.col(f"`{c}`") for c in source_columns],
+    )
 
 
 def _without_matched_keys(source: DataFrame, matches: DataFrame, source_keys: Sequence[str],
