@@ -29,6 +29,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from bench import jvm_cpu
+from bench.merge_profile import Py4jCounter
 
 Sample = tuple[int, float, dict[str, float], float]
 
@@ -38,7 +39,7 @@ class DriverCosts:
 
     def __init__(self) -> None:
         self.samples: dict[str, list[Sample]] = {}
-        self._calls = 0
+        self._counter: Py4jCounter | None = None
         self._pid: int | None = None
 
     def wrap(self, label: str, function: Callable[..., Any]) -> Callable[..., Any]:
@@ -46,12 +47,12 @@ class DriverCosts:
         def measured(*args: Any, **kwargs: Any) -> Any:
             self._install()
             jvm_before = self._jvm()
-            calls, cpu, started = self._calls, time.process_time(), time.perf_counter()
+            calls, cpu, started = self._calls(), time.process_time(), time.perf_counter()
             try:
                 return function(*args, **kwargs)
             finally:
                 self.samples.setdefault(label, []).append((
-                    self._calls - calls, (time.process_time() - cpu) * 1000,
+                    self._calls() - calls, (time.process_time() - cpu) * 1000,
                     jvm_cpu.delta_ms(jvm_before, self._jvm()) if jvm_before else {},
                     (time.perf_counter() - started) * 1000))
         return measured
@@ -64,15 +65,11 @@ class DriverCosts:
 
         spark = SparkSession.getActiveSession()
         assert spark is not None, "a wrapped step ran outside a Spark session"
-        client = spark.sparkContext._gateway._gateway_client
-        send = client.send_command
-
-        def counting(*args: Any, **kwargs: Any) -> Any:
-            self._calls += 1
-            return send(*args, **kwargs)
-
-        client.send_command = counting
+        self._counter = Py4jCounter(spark)
         self._pid = jvm_cpu.jvm_pid(spark)
+
+    def _calls(self) -> int:
+        return self._counter.calls if self._counter is not None else 0
 
     def _jvm(self) -> dict[str, float]:
         if self._pid is None or not jvm_cpu.available(self._pid):
