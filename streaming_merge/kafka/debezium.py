@@ -38,12 +38,12 @@ import json
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from pyspark.sql import Column, DataFrame, Observation
 from pyspark.sql import functions as F
 from pyspark.sql.types import LongType, StringType, StructField, StructType
 
+from streaming_merge._per_context import PerContext
 from streaming_merge.merge.materialize import release, storage_level
 
 log = logging.getLogger(__name__)
@@ -170,27 +170,20 @@ class _DecodePlan:
     not_tombstone: Column
 
 
-_PLANS: dict[tuple[str, tuple[str, ...], bool], _DecodePlan] = {}
-_PLANS_CONTEXT: list[Any] = [None]
-_MAX_PLANS = 64
+_PLANS: PerContext[_DecodePlan] = PerContext()
 
 
 def _plan_for(records: DataFrame, row_schema: StructType, keys: Sequence[str], truncates: bool) -> _DecodePlan:
     """The plan for this row schema, keys and truncate handling: built by the first batch,
-    kept for the next ones (per SparkContext: a new one has a new JVM)."""
-    context = records.sparkSession.sparkContext
-    if context is not _PLANS_CONTEXT[0] or len(_PLANS) >= _MAX_PLANS:
-        _PLANS.clear()
-        _PLANS_CONTEXT[0] = context
-    key = (row_schema.json(), tuple(keys), truncates)
-    plan = _PLANS.get(key)
-    if plan is None:
-        plan = _PLANS[key] = _DecodePlan(
-            stage=_stage(row_schema, keys, truncates), events=_events(row_schema), malformed=_malformed(),
-            counts=[F.count(F.lit(1)).alias("records"), F.count(F.when(F.col(_TOMBSTONE), 1)).alias("tombstones"),
-                    F.count(F.when(F.col(_ERROR).isNotNull(), 1)).alias("malformed")],
-            not_tombstone=~F.col(_TOMBSTONE))
-    return plan
+    kept for the next ones."""
+    return _PLANS.get(records.sparkSession.sparkContext, (row_schema.json(), tuple(keys), truncates),
+                      lambda: _DecodePlan(
+                          stage=_stage(row_schema, keys, truncates), events=_events(row_schema),
+                          malformed=_malformed(),
+                          counts=[F.count(F.lit(1)).alias("records"),
+                                  F.count(F.when(F.col(_TOMBSTONE), 1)).alias("tombstones"),
+                                  F.count(F.when(F.col(_ERROR).isNotNull(), 1)).alias("malformed")],
+                          not_tombstone=~F.col(_TOMBSTONE)))
 
 
 def _events(row_schema: StructType) -> Step:

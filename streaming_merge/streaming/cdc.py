@@ -23,6 +23,7 @@ from pyspark.sql import Column, DataFrame, Observation, Window
 from pyspark.sql import functions as F
 from pyspark.sql.types import StructType
 
+from streaming_merge._per_context import PerContext
 from streaming_merge.errors import MergeAnalysisError, MultipleSourceRowMatchingTargetRowError
 
 DELETE_FLAG = "__sm_is_delete__"
@@ -220,18 +221,11 @@ class BatchPreparer:
 
     def __init__(self, spec: CdcSpec) -> None:
         self._spec = spec
-        self._plans: dict[tuple[Any, ...], Plan] = {}
-        self._context: Any = None
+        self._plans: PerContext[Plan] = PerContext()
 
     def prepare(self, batch: DataFrame, partitions: int) -> PreparedBatch:
-        context = batch.sparkSession.sparkContext
-        if context is not self._context:  # a new SparkContext: the old expressions live in a stopped JVM
-            self._plans.clear()
-            self._context = context
-        key = (tuple(batch.dtypes), partitions)
-        plan = self._plans.get(key)
-        if plan is None:
-            plan = self._plans[key] = _plan(self._spec, batch.columns, dict(batch.dtypes), partitions)
+        plan = self._plans.get(batch.sparkSession.sparkContext, (tuple(batch.dtypes), partitions),
+                               lambda: _plan(self._spec, batch.columns, dict(batch.dtypes), partitions))
         counts, stats = Observation(), Observation()
         return PreparedBatch(plan(batch, counts, stats), counts, stats)
 
