@@ -47,11 +47,18 @@ class HadoopFiles:
         target = self._path(folder)
         if not self._fs.exists(target):
             return []
-        found = []
-        iterator = self._fs.listFiles(target, True)
-        while iterator.hasNext():
-            status = iterator.next()
-            found.append(FileStatus(status.getPath().toString(), status.getLen(), status.getModificationTime()))
+        found: list[FileStatus] = []
+        pending = [target]
+        # listStatus, not listFiles: listFiles builds a LocatedFileStatus per file, which reads
+        # the file's permissions, and without Hadoop's native library the local file system
+        # forks ``ls -ld`` from the driver JVM for each file to learn them.
+        while pending:
+            for status in self._fs.listStatus(pending.pop()):
+                if status.isDirectory():
+                    pending.append(status.getPath())
+                else:
+                    found.append(FileStatus(status.getPath().toString(), status.getLen(),
+                                            status.getModificationTime()))
         return found
 
     def delete(self, path: str, recursive: bool = False) -> bool:

@@ -252,6 +252,16 @@ def test_client_settings_are_translated_for_each_client() -> None:
                             "ssl_check_hostname": False, "client_id": "ingest"}
 
 
+def test_executor_consumers_wait_briefly_for_data_unless_told_otherwise() -> None:
+    """A cached librdkafka consumer at the end of its partition has a fetch waiting at the
+    broker; a read that seeks waits for it, so executors cap that wait (the driver never fetches)."""
+    default = KafkaOptions.parse(options("h:1", "t", "confluent")).client
+    assert _clients._confluent_config(default, "executor")["fetch.wait.max.ms"] == _clients.EXECUTOR_FETCH_WAIT_MS == 50
+    assert "fetch.wait.max.ms" not in _clients._confluent_config(default, "driver")
+    chosen = KafkaOptions.parse({**options("h:1", "t", "confluent"), "kafka.fetch.max.wait.ms": "400"}).client
+    assert _clients._confluent_config(chosen, "executor")["fetch.wait.max.ms"] == "400"
+
+
 @pytest.mark.parametrize(("extra", "message"), [
     ({"kafka.queued.max.messages.kbytes": "1024"},
      "Kafka option 'kafka.queued.max.messages.kbytes' cannot be passed to kafka-python (kafka.client=kafka-python)"),
