@@ -16,6 +16,8 @@ log = logging.getLogger(__name__)
 
 LOOPBACK = "127.0.0.1"
 _ADDRESS_SETTINGS = ("spark.driver.host", "spark.driver.bindAddress")
+LOCAL_FILE_SYSTEM_SETTING = "spark.hadoop.fs.file.impl"
+RAW_LOCAL_FILE_SYSTEM = "org.apache.hadoop.fs.RawLocalFileSystem"
 CHECKPOINT_MANAGER_SETTING = "spark.sql.streaming.checkpointFileManagerClass"
 FILE_SYSTEM_CHECKPOINT_MANAGER = \
     "org.apache.spark.sql.execution.streaming.checkpointing.FileSystemBasedCheckpointFileManager"
@@ -36,7 +38,7 @@ def local_session(
     """
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
-    conf = {**_loopback_conf(master, extra_conf or {}), **_checkpoint_conf(master), **(extra_conf or {})}
+    conf = {**_loopback_conf(master, extra_conf or {}), **_local_files_conf(master), **(extra_conf or {})}
     builder = (
         SparkSession.builder.appName(app_name)
         .master(master)
@@ -60,22 +62,31 @@ def local_session(
     return spark
 
 
-def _checkpoint_conf(master: str) -> dict[str, str]:
-    """Streaming checkpoint logs of a local master through Hadoop's FileSystem API.
+def _local_files_conf(master: str) -> dict[str, str]:
+    """Local files without the forks a JVM makes when Hadoop's native library is missing (the
+    pyspark wheel has none): Hadoop's local file system then sets every new file's and
+    folder's permissions by running ``chmod`` and reads link status by running ``readlink``,
+    one child process of the (large) driver JVM each.
 
-    Spark's default writes each offset and commit log entry through Hadoop's FileContext,
-    whose rename asks for the link status of both paths. Without Hadoop's native library
-    (the pyspark wheel has none) the local file system answers that by forking ``readlink``
-    from the driver JVM, several times per entry: 44 ms for the offset log and 48 ms for the
-    commit log per micro-batch here, against 12 and 12 through FileSystem's rename (a
-    ``File.renameTo``). Both write a temporary file and rename it; the FileSystem manager
-    checks that the entry does not exist before renaming instead of asking the rename to
-    refuse, which differs only for two writers of one checkpoint, and Spark already stops a
-    second run of a query on the same checkpoint. Cluster masters keep Spark's default (their
-    checkpoints live on HDFS or object stores, where none of this applies)."""
+    - ``file:`` is Hadoop's raw local file system, without the checksum layer. The checksum
+      layer writes a ``.crc`` file beside each file (a second create, a second ``chmod``) and
+      checks both on every rename: creating a file took 28 ms through it and 6 ms without
+      it here, a folder 26 and 10 ms. Parquet has its own checksums (page CRCs, footers) and
+      Delta's log is written by delta-rs; nothing reads the ``.crc`` files.
+    - Streaming checkpoint logs go through Hadoop's FileSystem API. Spark's default goes
+      through FileContext, whose rename asks for the link status of both paths (``readlink``
+      several times per entry): the offset and commit logs took 44 and 48 ms per micro-batch,
+      12 and 12 through FileSystem's rename. Both write a temporary file and rename it; the
+      FileSystem manager checks that the entry does not exist before renaming instead of
+      asking the rename to refuse, which differs only for two writers of one checkpoint, and
+      Spark already stops a second run of a query on the same checkpoint.
+
+    Cluster masters keep Spark's defaults: their data and checkpoints live on HDFS or object
+    stores, and their executors may have the native library."""
     if not master.strip().lower().startswith("local"):
         return {}
-    return {CHECKPOINT_MANAGER_SETTING: FILE_SYSTEM_CHECKPOINT_MANAGER}
+    return {LOCAL_FILE_SYSTEM_SETTING: RAW_LOCAL_FILE_SYSTEM,
+            CHECKPOINT_MANAGER_SETTING: FILE_SYSTEM_CHECKPOINT_MANAGER}
 
 
 def _loopback_conf(master: str, extra_conf: dict[str, str]) -> dict[str, str]:
