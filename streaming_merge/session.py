@@ -62,6 +62,10 @@ def local_session(
     return spark
 
 
+def _is_local(master: str) -> bool:
+    return master.strip().lower().startswith("local")
+
+
 def _local_files_conf(master: str) -> dict[str, str]:
     """Local files without the forks a JVM makes when Hadoop's native library is missing (the
     pyspark wheel has none): Hadoop's local file system then sets every new file's and
@@ -83,7 +87,7 @@ def _local_files_conf(master: str) -> dict[str, str]:
 
     Cluster masters keep Spark's defaults: their data and checkpoints live on HDFS or object
     stores, and their executors may have the native library."""
-    if not master.strip().lower().startswith("local"):
+    if not _is_local(master):
         return {}
     return {LOCAL_FILE_SYSTEM_SETTING: RAW_LOCAL_FILE_SYSTEM,
             CHECKPOINT_MANAGER_SETTING: FILE_SYSTEM_CHECKPOINT_MANAGER}
@@ -98,7 +102,7 @@ def _loopback_conf(master: str, extra_conf: dict[str, str]) -> dict[str, str]:
     non-loopback interface instead, which a local run never needs. SPARK_LOCAL_IP must be in
     the environment before the JVM starts: the warning comes from the launcher, before any
     Spark setting is read."""
-    if not master.strip().lower().startswith("local"):
+    if not _is_local(master):
         return {}
     if any(os.environ.get(name) for name in ("SPARK_LOCAL_IP", "SPARK_LOCAL_HOSTNAME")) or \
             any(key in extra_conf for key in _ADDRESS_SETTINGS):

@@ -1,7 +1,14 @@
-"""The local session's settings that depend on the master, without a JVM."""
+"""The local session's settings that depend on the master, and what importing the package costs a
+Python worker; without a JVM."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
+import pytest
+
+import streaming_merge
 from streaming_merge import session
 
 
@@ -16,3 +23,19 @@ def test_local_masters_use_the_raw_local_file_system_and_file_system_checkpoint_
 def test_cluster_masters_keep_sparks_file_settings() -> None:
     for master in ("yarn", "spark://host:7077", "k8s://https://api:6443"):
         assert session._local_files_conf(master) == {}
+
+
+def test_importing_the_kafka_source_leaves_the_engine_unimported() -> None:
+    """Spark's Python workers import the Kafka source; the public names of the package are
+    imported on first use, so a worker does not pay for the MERGE engine and delta-rs."""
+    probe = ("import sys, streaming_merge.kafka.source; "
+             "print(sorted(m for m in ('streaming_merge.merge.command', 'streaming_merge.streaming.sink', 'deltalake') "
+             "if m in sys.modules)); "
+             "from streaming_merge import DeltaTable, MergeSink, errors; import streaming_merge; "
+             "print(DeltaTable.__module__, MergeSink.__module__, errors.__name__, "
+             "streaming_merge.MergeOptions.__name__)")
+    result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+    assert result.stdout.splitlines() == [
+        "[]", "streaming_merge.delta_table streaming_merge.streaming.sink streaming_merge.errors MergeOptions"]
+    with pytest.raises(AttributeError, match="module 'streaming_merge' has no attribute 'Nope'"):
+        streaming_merge.Nope  # noqa: B018
