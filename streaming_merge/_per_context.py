@@ -22,8 +22,9 @@ class PerContext(Generic[V]):
         self._context: Any = None
 
     def get(self, context: Any, key: Hashable, build: Callable[[], V]) -> V:
+        # A new SparkContext (the old expressions live in a stopped JVM), or a full cache: start afresh.
         if context is not self._context or len(self._values) >= self._limit:
-            self._values.clear()  # a new SparkContext: the old expressions live in a stopped JVM
+            self._values.clear()
             self._context = context
         found = self._values.get(key)
         if found is None:
