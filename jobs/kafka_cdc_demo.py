@@ -17,6 +17,7 @@ import logging
 import shutil
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -26,12 +27,18 @@ import deltalake
 from jobs import cdc_generator
 from jobs.kafka_cdc_ingest import IngestConfig, progress_line, start
 from streaming_merge.kafka.broker import EmbeddedKafka
+from streaming_merge.kafka.source import register
 from streaming_merge.session import local_session
 
 
 def run_demo(workdir: Path, events: int, keys: int, max_offsets: int, partitions: int) -> bool:
     spark = local_session("kafka_cdc_demo", "local[2]")
     verdicts: list[bool] = []
+    # The first registration of a Python data source in a JVM has Spark look up the installed
+    # ones in a Python process of its own (about 1.5 s here); it needs nothing from the broker,
+    # so it runs while the broker starts and the change events are produced.
+    registering = threading.Thread(target=register, args=(spark,), name="register-kafka-source", daemon=True)
+    registering.start()
     with EmbeddedKafka() as broker:
         print(f"Embedded Kafka-compatible broker at {broker.bootstrap_servers}")
         expected: dict[str, dict[int, dict[str, Any]]] = {}
@@ -47,6 +54,7 @@ def run_demo(workdir: Path, events: int, keys: int, max_offsets: int, partitions
         # of its steps kafka-python warns ("Task ... ran for 0.1s ... blocking the event
         # loop") although nothing is wrong.
         broker.client().close()
+        registering.join()
         started = time.monotonic()
         queries = []
         for table, spec in cdc_generator.TABLES.items():

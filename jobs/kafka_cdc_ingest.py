@@ -29,6 +29,7 @@ from pyspark.sql.streaming import StreamingQuery
 from pyspark.sql.types import StructType
 
 from streaming_merge import DeltaTable, MergeSink
+from streaming_merge._interpreted import DEFAULT_INTERPRETED_MAX_ROWS, interpreted_if_small
 from streaming_merge.errors import StreamingMergeError
 from streaming_merge.kafka import debezium
 from streaming_merge.kafka.source import register
@@ -136,17 +137,11 @@ def batch_function(config: IngestConfig, on_progress: Callable[[dict[str, Any]],
 
     def run_once(records: DataFrame, batch_id: int, level: str) -> dict[str, Any]:
         spark = records.sparkSession
-        row_schema = _known_row_schema(spark, config)
-        inferred_from: DataFrame | None = None
-        if row_schema is None:  # first batch of a new table only: inference needs a pass of its own
-            records = inferred_from = records.localCheckpoint(eager=True, storageLevel=storage_level(level))
-            row_schema = debezium.infer_row_schema(records)
-        try:
-            decoded = debezium.decode_batch(records, row_schema, keys=config.keys, storage_level_name=level,
-                                            truncates=config.apply_truncates)
-        finally:
-            if inferred_from is not None:
-                release(inferred_from)
+        # A trigger reads at most maxOffsetsPerTrigger records: with a small bound the decode and
+        # the dead-letter append run without generated code (streaming_merge._interpreted), and
+        # the sink is told the batch's count.
+        with interpreted_if_small(spark, config.max_offsets_per_trigger, DEFAULT_INTERPRETED_MAX_ROWS):
+            decoded = _decode(records, config, level)
         try:
             bad = decoded.num_malformed
             if bad:
@@ -157,8 +152,9 @@ def batch_function(config: IngestConfig, on_progress: Callable[[dict[str, Any]],
                         "configure --dead-letter (on_malformed=dead_letter) to divert them.")
                 app_id = spark.sparkContext.getLocalProperty("sql.streaming.queryId") or "kafka_cdc_ingest"
                 dead_letter = resolve(config.dead_letter, spark, config.storage_options)
-                append_rows(spark, decoded.malformed, dead_letter, f"{app_id}:malformed", batch_id)
-            sink(decoded.events, batch_id)
+                with interpreted_if_small(spark, bad, DEFAULT_INTERPRETED_MAX_ROWS):
+                    append_rows(spark, decoded.malformed, dead_letter, f"{app_id}:malformed", batch_id)
+            sink(decoded.events, batch_id, rows_at_most=decoded.num_records)
         finally:
             decoded.release()
         progress = dict(sink.lastProgress or {})
@@ -169,6 +165,22 @@ def batch_function(config: IngestConfig, on_progress: Callable[[dict[str, Any]],
         on_progress(staged_again_on_lost_blocks(run_once, records, batch_id))
 
     return run, sink
+
+
+def _decode(records: DataFrame, config: IngestConfig, level: str) -> debezium.DecodedBatch:
+    """The batch's records decoded once (a local checkpoint at ``level``); the row schema is
+    the configured or table's one, else inferred from this batch (its first only)."""
+    row_schema = _known_row_schema(records.sparkSession, config)
+    inferred_from: DataFrame | None = None
+    if row_schema is None:  # first batch of a new table only: inference needs a pass of its own
+        records = inferred_from = records.localCheckpoint(eager=True, storageLevel=storage_level(level))
+        row_schema = debezium.infer_row_schema(records)
+    try:
+        return debezium.decode_batch(records, row_schema, keys=config.keys, storage_level_name=level,
+                                     truncates=config.apply_truncates)
+    finally:
+        if inferred_from is not None:
+            release(inferred_from)
 
 
 def staged_again_on_lost_blocks(run_once: Callable[[DataFrame, int, str], dict[str, Any]], records: DataFrame,

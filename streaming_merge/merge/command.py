@@ -19,6 +19,7 @@ from typing import Any
 
 from pyspark.sql import Column, DataFrame, SparkSession
 
+from streaming_merge._interpreted import DEFAULT_INTERPRETED_MAX_ROWS, interpreted_if_small, rows_of
 from streaming_merge._profile import phase
 from streaming_merge._spark_conf import temporary_conf
 from streaming_merge.errors import MaterializedSourceLostError, MergeAssignmentOverflowError
@@ -115,6 +116,10 @@ class MergeOptions:
     # The metrics count what was done: every candidate removed, an untouched one's rows copied.
     # 0 (Delta's algorithm) unless asked for.
     rewrite_all_candidates_bytes: int = 0
+    # findTouchedFiles and the rewrite run without generated code (streaming_merge._interpreted)
+    # when the source's rows plus the candidate files' rows (the log's numRecords) are known and
+    # at most this many: a new query's first MERGE then compiles no Java. 0: always generated code.
+    interpreted_max_rows: int = DEFAULT_INTERPRETED_MAX_ROWS
     # Called with a phase name and the (materialized) source between phases; for
     # diagnostics and fault-injection tests.
     phase_hook: PhaseHook | None = field(default=None, compare=False)
@@ -135,6 +140,8 @@ class MergeOptions:
                              f"got {self.rewrite_all_candidates_bytes}")
         if self.broadcast_scan_min_bytes < 0:
             raise ValueError(f"broadcast_scan_min_bytes must be 0 or more bytes, got {self.broadcast_scan_min_bytes}")
+        if self.interpreted_max_rows < 0:
+            raise ValueError(f"interpreted_max_rows must be 0 or more rows, got {self.interpreted_max_rows}")
         if self.min_parallel_file_size < 1:
             raise ValueError("min_parallel_file_size must be a positive number of bytes, "
                              f"got {self.min_parallel_file_size}")
@@ -355,77 +362,80 @@ def _merge(spark: SparkSession, request: MergeRequest, snapshot: Snapshot, resol
     metrics["numTargetPartitionsAfterSkipping"] = _partitions(snapshot, candidates)
     source_bytes = stats.rows * estimated_row_bytes(source) if stats is not None else 0
     broadcast = stats is not None and fits_broadcast(source, stats.rows, options.broadcast_source_bytes)
-    to_rewrite: list[DataFile] = []
-    touched: TouchedFiles | None = None
-    if clauses.is_insert_only:
-        metrics["scanTimeMs"] = 0
-    else:
-        assert stats is not None
-        metrics["numSourceRows"] = stats.rows
-        if _rewrites_all_candidates(options, resolved, snapshot, source, stats, pairs, candidates):
-            to_rewrite = list(candidates)
+    # Generated code or not: known before any of the MERGE's own jobs (see streaming_merge._interpreted).
+    rows_read = rows_of([stats.rows if stats is not None else None, *[f.num_records for f in candidates]])
+    with interpreted_if_small(spark, rows_read, options.interpreted_max_rows):
+        to_rewrite: list[DataFile] = []
+        touched: TouchedFiles | None = None
+        if clauses.is_insert_only:
+            metrics["scanTimeMs"] = 0
         else:
-            map_side = broadcast and bool(resolved.not_matched) and not resolved.not_matched_by_source
-            broadcast_scan = (broadcast and not resolved.not_matched_by_source
-                              and metrics["numTargetBytesAfterSkipping"] >= options.broadcast_scan_min_bytes
-                              and (not map_side or matches_by_key(request.condition, scope)))
-            with phase(spark, "findTouchedFiles", "MERGE operation - scanning files for matches"):
-                touched = find_touched_files(spark, snapshot, candidates, source, resolved, pairs,
-                                             keep_unmatched_source=level if map_side else None,
-                                             single_match=_single_match(snapshot, source, stats, pairs),
-                                             broadcast_source=broadcast_scan)
-            if touched.checkpoint is not None:
-                held.append(touched.checkpoint)
-            to_rewrite = touched.files
-        metrics["scanTimeMs"] = _millis_since(scan_started)
-    hook("after_find_touched_files", source)
+            assert stats is not None
+            metrics["numSourceRows"] = stats.rows
+            if _rewrites_all_candidates(options, resolved, snapshot, source, stats, pairs, candidates):
+                to_rewrite = list(candidates)
+            else:
+                map_side = broadcast and bool(resolved.not_matched) and not resolved.not_matched_by_source
+                broadcast_scan = (broadcast and not resolved.not_matched_by_source
+                                  and metrics["numTargetBytesAfterSkipping"] >= options.broadcast_scan_min_bytes
+                                  and (not map_side or matches_by_key(request.condition, scope)))
+                with phase(spark, "findTouchedFiles", "MERGE operation - scanning files for matches"):
+                    touched = find_touched_files(spark, snapshot, candidates, source, resolved, pairs,
+                                                 keep_unmatched_source=level if map_side else None,
+                                                 single_match=_single_match(snapshot, source, stats, pairs),
+                                                 broadcast_source=broadcast_scan)
+                if touched.checkpoint is not None:
+                    held.append(touched.checkpoint)
+                to_rewrite = touched.files
+            metrics["scanTimeMs"] = _millis_since(scan_started)
+        hook("after_find_touched_files", source)
 
-    rewrite_started = time.monotonic()
-    layout = FileLayout(options.repartition_before_write, options.target_file_size,
-                        sum(f.size for f in to_rewrite) + source_bytes, options.min_parallel_file_size)
-    result = _rewrite(spark, snapshot, candidates, to_rewrite, source, resolved, touched, pairs, layout,
-                      options.optimize_matched_only, broadcast)
-    metrics["rewriteTimeMs"] = _millis_since(rewrite_started)
-    metrics.update(result.counts)
-    if clauses.is_only_one_unconditional_delete and to_rewrite and touched is not None:
-        metrics["numTargetRowsMatchedDeleted"] = touched.matched_target_rows  # once per row, not per match
-    hook("before_commit", source)
+        rewrite_started = time.monotonic()
+        layout = FileLayout(options.repartition_before_write, options.target_file_size,
+                            sum(f.size for f in to_rewrite) + source_bytes, options.min_parallel_file_size)
+        result = _rewrite(spark, snapshot, candidates, to_rewrite, source, resolved, touched, pairs, layout,
+                          options.optimize_matched_only, broadcast)
+        metrics["rewriteTimeMs"] = _millis_since(rewrite_started)
+        metrics.update(result.counts)
+        if clauses.is_only_one_unconditional_delete and to_rewrite and touched is not None:
+            metrics["numTargetRowsMatchedDeleted"] = touched.matched_target_rows  # once per row, not per match
+        hook("before_commit", source)
 
-    written = result.files
-    metrics.update({
-        "numTargetFilesRemoved": len(to_rewrite),
-        "numTargetBytesRemoved": sum(f.size for f in to_rewrite),
-        "numTargetPartitionsRemovedFrom": _partitions(snapshot, to_rewrite),
-        "numTargetFilesAdded": len(written),
-        "numTargetBytesAdded": sum(w.size for w in written),
-        "numTargetPartitionsAddedTo": len({tuple(sorted(w.partition_values.items())) for w in written})
-        if snapshot.partition_columns else 0,
-    })
-    try:
-        if options.before_commit is not None:
-            options.before_commit()
-        with phase(spark, "commit"):
-            commit_snapshot = snapshot
-            if resolved.output_schema != snapshot.schema:
-                commit_snapshot = add_columns(snapshot, resolved.output_schema)
-            metrics["executionTimeMs"] = _millis_since(started)
-            final = MergeMetrics(metrics, attempts=attempt)
-            version = commit(CommitRequest(
-                snapshot=commit_snapshot,
-                adds=written,
-                removes=to_rewrite,
-                operation="MERGE",
-                operation_parameters=_parameters(resolved),
-                operation_metrics=final.delta_metrics(),
-                app_id=request.app_id,
-                app_version=request.app_version,
-                read_files=candidates,
-                concurrent_append_filter=_append_filter(spark, skipping),
-            ))
-    except BaseException:
-        delete_written(spark, snapshot.location, written)
-        raise
-    return MergeMetrics(metrics, attempts=attempt, table_version=version)
+        written = result.files
+        metrics.update({
+            "numTargetFilesRemoved": len(to_rewrite),
+            "numTargetBytesRemoved": sum(f.size for f in to_rewrite),
+            "numTargetPartitionsRemovedFrom": _partitions(snapshot, to_rewrite),
+            "numTargetFilesAdded": len(written),
+            "numTargetBytesAdded": sum(w.size for w in written),
+            "numTargetPartitionsAddedTo": len({tuple(sorted(w.partition_values.items())) for w in written})
+            if snapshot.partition_columns else 0,
+        })
+        try:
+            if options.before_commit is not None:
+                options.before_commit()
+            with phase(spark, "commit"):
+                commit_snapshot = snapshot
+                if resolved.output_schema != snapshot.schema:
+                    commit_snapshot = add_columns(snapshot, resolved.output_schema)
+                metrics["executionTimeMs"] = _millis_since(started)
+                final = MergeMetrics(metrics, attempts=attempt)
+                version = commit(CommitRequest(
+                    snapshot=commit_snapshot,
+                    adds=written,
+                    removes=to_rewrite,
+                    operation="MERGE",
+                    operation_parameters=_parameters(resolved),
+                    operation_metrics=final.delta_metrics(),
+                    app_id=request.app_id,
+                    app_version=request.app_version,
+                    read_files=candidates,
+                    concurrent_append_filter=_append_filter(spark, skipping),
+                ))
+        except BaseException:
+            delete_written(spark, snapshot.location, written)
+            raise
+        return MergeMetrics(metrics, attempts=attempt, table_version=version)
 
 
 def _rewrites_all_candidates(options: MergeOptions, resolved: ResolvedMerge, snapshot: Snapshot, source: DataFrame,

@@ -9,6 +9,7 @@ checkpoint and so is stable across restarts.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime as dt
 import functools
@@ -21,6 +22,7 @@ from pyspark.sql import Column, DataFrame, Observation, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import StructType
 
+from streaming_merge._interpreted import interpreted_if_small, rows_of
 from streaming_merge.delta_table import DeltaTable
 from streaming_merge.errors import (
     ConcurrentModificationError,
@@ -236,7 +238,12 @@ class MergeSink:
         self.target = location.uri
         return location
 
-    def __call__(self, batch_df: DataFrame, batch_id: int) -> None:
+    def __call__(self, batch_df: DataFrame, batch_id: int, *, rows_at_most: int | None = None) -> None:
+        """Merge one micro-batch (the ``foreachBatch`` function). ``rows_at_most``: a bound on
+        the batch's rows when the caller knows one (it counted them, or its trigger reads at
+        most that many records); a small batch is then materialized without generated code
+        (``MergeOptions.interpreted_max_rows``). Unknown, only the steps after the
+        materialization, which counts the rows, can run interpreted."""
         started = time.monotonic()
         spark = batch_df.sparkSession
         self._bind(spark)
@@ -245,7 +252,7 @@ class MergeSink:
             level = level_for_attempt(self._storage_levels, attempt)
             try:
                 with merge_conf(spark), parquet_write_conf(spark):  # held for both writes (see parquet_write_conf)
-                    self._run_batch(spark, batch_df, batch_id, app_id, attempt, level, started)
+                    self._run_batch(spark, batch_df, batch_id, app_id, attempt, level, started, rows_at_most)
                 return
             except Exception as exc:
                 lost = is_lost_block_error(exc)
@@ -261,7 +268,7 @@ class MergeSink:
                             self.target, attempt, type(exc).__name__)
 
     def _run_batch(self, spark: SparkSession, batch_df: DataFrame, batch_id: int, app_id: str, attempt: int,
-                   level: str, started: float) -> None:
+                   level: str, started: float, rows_at_most: int | None) -> None:
         """One attempt: the txn check, one materialization of the prepared batch (counts and
         key ranges observed in that job), the tombstone filter, the MERGE."""
         location = self._bind(spark)
@@ -284,8 +291,11 @@ class MergeSink:
             early = functools.partial(self._tombstones.without_late, spark, snapshot=tombstone_snapshot,
                                       files=everything, partitioned_by_keys=True)
         materialize_started = time.monotonic()
-        batch, counts, stats, kept_rows = self._materialize(spark, batch_df, level, early)
+        with interpreted_if_small(spark, rows_of([rows_at_most, *(_file_rows(tombstone_snapshot) if early else [])]),
+                                  self._merge_options.interpreted_max_rows):
+            batch, counts, stats, kept_rows = self._materialize(spark, batch_df, level, early)
         recording: BackgroundCall | None = None
+        execution = contextlib.ExitStack()
         try:
             materialize_ms = _ms(materialize_started)
             if self._phase_hook:
@@ -298,6 +308,11 @@ class MergeSink:
                     durationMs={"materialize": materialize_ms, "total": _ms(started)}, metrics={},
                     timestamp=_now(), target=self.target))
                 return
+            # The rest of the batch reads the batch, the target and the tombstones: generated code
+            # or not, decided from their row counts (streaming_merge._interpreted).
+            execution.enter_context(interpreted_if_small(
+                spark, rows_of([num_input, *_file_rows(snapshot), *_file_rows(tombstone_snapshot)]),
+                self._merge_options.interpreted_max_rows))
             source = batch
             if self._spec is not None:
                 dead_letter_rows = self._route_null_keys(spark, batch, batch_id, app_id, null_keys)
@@ -352,6 +367,7 @@ class MergeSink:
             if self._recorded_truncates is not None:
                 self._recorded_truncates.update(truncate_values)
         finally:
+            execution.close()
             release(batch)
         # SCD 1 events dropped as older than a tombstone or a truncate (the MERGE counted what was left)
         late = stats.rows - int(metrics["numSourceRows"] or 0) \
@@ -563,6 +579,10 @@ class MergeSink:
     def _report(self, progress: MergeProgress) -> None:
         self._progress.add(progress)
         log.info("MergeSink %s", progress.summary())
+
+
+def _file_rows(snapshot: Snapshot | None) -> list[int | None]:
+    return [f.num_records for f in snapshot.files] if snapshot is not None else []
 
 
 def _ms(since: float) -> int:

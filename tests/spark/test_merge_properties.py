@@ -146,6 +146,10 @@ def run_merge(spark: SparkSession, path: str, step: MergeStep) -> Mapping[str, A
                             unique_keys=("k",))
         builder = builder.withOptions(materialize_source="none", source_stats=stats,
                                       rewrite_all_candidates_bytes=1 << 40)
+    if len(step.clauses) % 2 == 0:
+        # Inputs this small run interpreted by default (streaming_merge._interpreted); steps with
+        # an even number of clauses run with generated code, so both execution modes face the model.
+        builder = builder.withOptions(interpreted_max_rows=0)
     return builder.execute()
 
 
