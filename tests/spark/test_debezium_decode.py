@@ -11,6 +11,7 @@ bytes kept) is cheapest to pin down on one small static batch.
 from __future__ import annotations
 
 import json
+import threading
 import uuid
 from pathlib import Path
 from typing import Any
@@ -171,22 +172,34 @@ def test_a_batch_whose_decoded_copy_is_lost_is_staged_again(spark: SparkSession,
                                                            monkeypatch: pytest.MonkeyPatch) -> None:
     """The dead-letter append commits, then the decoded copy loses its blocks before the
     MERGE: the sink cannot heal that (its retries read the same copy), so the job decodes the
-    batch again; the dead-letter rows are not appended twice and the MERGE is applied once."""
+    batch again; the dead-letter rows are not appended twice and the MERGE is applied once.
+    The append runs beside the MERGE, so the sink here starts each batch only once the append
+    it runs beside has returned: that interleaving is the one under test."""
     config = job.IngestConfig(bootstrap_servers="unused:9092", topics=TOPIC, target=str(tmp_path / "items"),
                               keys=["id"], checkpoint=str(tmp_path / "chk"), dead_letter=str(tmp_path / "dead"),
                               row_schema="id long, v string")
     appended: list[int | None] = []
+    append_returned = threading.Semaphore(0)
     original = job.append_rows
 
     def append_then_lose_the_copy(spark_: SparkSession, df: DataFrame, path: str, app_id: str,
                                   version: int) -> int | None:
-        result = original(spark_, df, path, app_id, version)
-        if not appended:
-            spark_.sparkContext._jsc.sc().unpersistRDD(checkpoint_rdd_id(df), True)
-        appended.append(result)
-        return result
+        try:
+            result = original(spark_, df, path, app_id, version)
+            if not appended:
+                spark_.sparkContext._jsc.sc().unpersistRDD(checkpoint_rdd_id(df), True)
+            appended.append(result)
+            return result
+        finally:
+            append_returned.release()
+
+    class SinkAfterTheAppend(job.MergeSink):  # type: ignore[name-defined,misc]
+        def __call__(self, batch_df: DataFrame, batch_id: int, **kwargs: Any) -> None:
+            assert append_returned.acquire(timeout=120), "the dead-letter append never returned"
+            super().__call__(batch_df, batch_id, **kwargs)
 
     monkeypatch.setattr(job, "append_rows", append_then_lose_the_copy)
+    monkeypatch.setattr(job, "MergeSink", SinkAfterTheAppend)
     progress: list[dict[str, Any]] = []
     run, _ = job.batch_function(config, progress.append)
     run(kafka_records(spark), 0)
