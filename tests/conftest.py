@@ -50,6 +50,19 @@ def spark() -> Iterator[object]:
 
 
 @pytest.fixture()
+def without_small_table_rules(monkeypatch: pytest.MonkeyPatch) -> None:
+    """MergeSink's shortcuts for small tables off: tiny candidate files rewritten whole without
+    findTouchedFiles (sink.SMALL_CANDIDATES_BYTES), a small tombstone table checked while the
+    batch is materialized (tombstones.SMALL_TABLE_BYTES). For tests of the mechanisms those
+    shortcuts skip (the scan, the tombstone lookup, small files left for compaction), whose
+    tables are tiny to keep the tests fast."""
+    from streaming_merge.streaming import sink, tombstones
+
+    monkeypatch.setattr(sink, "SMALL_CANDIDATES_BYTES", 0)
+    monkeypatch.setattr(tombstones, "SMALL_TABLE_BYTES", 0)
+
+
+@pytest.fixture()
 def table_path(tmp_path: Path) -> str:
     """A fresh folder path for a Delta table (not created yet)."""
     return str(tmp_path / "table")

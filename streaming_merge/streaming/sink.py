@@ -79,6 +79,9 @@ log = logging.getLogger(__name__)
 # run scans again, so a stream whose keys stop touching everything goes back to the scan.
 REWRITE_ALL_CANDIDATES_BYTES = 64 * 1024 * 1024
 PROBE_TOUCHED_EVERY = 8
+# Candidates this small are always rewritten whole: findTouchedFiles's Spark job costs more than
+# copying their untouched rows (a new table's first updates, a small dimension table).
+SMALL_CANDIDATES_BYTES = 1024 * 1024
 
 ClauseBuilder = Callable[[DeltaMergeBuilder], DeltaMergeBuilder]
 PhaseHook = Callable[[str, DataFrame], None]
@@ -238,12 +241,19 @@ class MergeSink:
         self.target = location.uri
         return location
 
-    def __call__(self, batch_df: DataFrame, batch_id: int, *, rows_at_most: int | None = None) -> None:
+    def __call__(self, batch_df: DataFrame, batch_id: int, *, rows_at_most: int | None = None,
+                 after_materialize: Callable[[], None] | None = None) -> None:
         """Merge one micro-batch (the ``foreachBatch`` function). ``rows_at_most``: a bound on
         the batch's rows when the caller knows one (it counted them, or its trigger reads at
         most that many records); a small batch is then materialized without generated code
         (``MergeOptions.interpreted_max_rows``). Unknown, only the steps after the
-        materialization, which counts the rows, can run interpreted."""
+        materialization, which counts the rows, can run interpreted.
+
+        ``after_materialize``: called once the job that copies the batch has run (on every
+        attempt), before anything is written; an exception from it fails the batch with
+        nothing written. For a caller whose ``batch_df`` observes something of its own in that
+        job (the Kafka job counts its malformed records there), so it needs no job to know it.
+        Not called for a batch skipped as already committed."""
         started = time.monotonic()
         spark = batch_df.sparkSession
         self._bind(spark)
@@ -252,7 +262,8 @@ class MergeSink:
             level = level_for_attempt(self._storage_levels, attempt)
             try:
                 with merge_conf(spark), parquet_write_conf(spark):  # held for both writes (see parquet_write_conf)
-                    self._run_batch(spark, batch_df, batch_id, app_id, attempt, level, started, rows_at_most)
+                    self._run_batch(spark, batch_df, batch_id, app_id, attempt, level, started, rows_at_most,
+                                    after_materialize)
                 return
             except Exception as exc:
                 lost = is_lost_block_error(exc)
@@ -268,7 +279,8 @@ class MergeSink:
                             self.target, attempt, type(exc).__name__)
 
     def _run_batch(self, spark: SparkSession, batch_df: DataFrame, batch_id: int, app_id: str, attempt: int,
-                   level: str, started: float, rows_at_most: int | None) -> None:
+                   level: str, started: float, rows_at_most: int | None,
+                   after_materialize: Callable[[], None] | None) -> None:
         """One attempt: the txn check, one materialization of the prepared batch (counts and
         key ranges observed in that job), the tombstone filter, the MERGE."""
         location = self._bind(spark)
@@ -287,7 +299,8 @@ class MergeSink:
         # read most tombstones anyway; the MERGE then takes that copy as it is (no pass of its own).
         early: Callable[[DataFrame], DataFrame] | None = None
         everything = Tombstones.all_files(tombstone_snapshot)
-        if self._tombstones is not None and self._scd_type == 1 and self._filter_while_materializing and everything:
+        if self._tombstones is not None and self._scd_type == 1 and everything and \
+                (self._filter_while_materializing or Tombstones.is_small(tombstone_snapshot)):
             early = functools.partial(self._tombstones.without_late, spark, snapshot=tombstone_snapshot,
                                       files=everything, partitioned_by_keys=True)
         materialize_started = time.monotonic()
@@ -298,6 +311,8 @@ class MergeSink:
         execution = contextlib.ExitStack()
         try:
             materialize_ms = _ms(materialize_started)
+            if after_materialize is not None:
+                after_materialize()
             if self._phase_hook:
                 self._phase_hook("after_materialize", batch)
             num_input, null_keys, delete_events, truncate_values, oldest_sequence = counts
@@ -450,9 +465,9 @@ class MergeSink:
         # source (stats None) is materialized by the MERGE, which counts what is left.
         options: dict[str, Any] = {f.name: getattr(self._merge_options, f.name)
                                    for f in dataclasses.fields(MergeOptions)}
-        if self._all_touched_streak % PROBE_TOUCHED_EVERY:
-            options["rewrite_all_candidates_bytes"] = max(options["rewrite_all_candidates_bytes"],
-                                                          REWRITE_ALL_CANDIDATES_BYTES)
+        options["rewrite_all_candidates_bytes"] = max(
+            options["rewrite_all_candidates_bytes"],
+            REWRITE_ALL_CANDIDATES_BYTES if self._all_touched_streak % PROBE_TOUCHED_EVERY else SMALL_CANDIDATES_BYTES)
         options.update({"materialize_source": "none" if stats is not None else "all",
                         "source_stats": stats, "snapshot": snapshot, "storage_levels": self._storage_levels,
                         "before_commit": before_commit})

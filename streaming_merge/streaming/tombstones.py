@@ -38,6 +38,10 @@ DELETED_AT = "deleted_at"
 COMPACT_SMALL_FILES = 10
 
 
+# See Tombstones.is_small: a stream's first deletes, or a table with few of them.
+SMALL_TABLE_BYTES = 1024 * 1024
+
+
 class Tombstones:
     """The tombstone table of one target; only used with ``sequence_by``."""
 
@@ -75,6 +79,15 @@ class Tombstones:
     def all_files(snapshot: Snapshot | None) -> list[DataFile]:
         """Every tombstone file that holds a row."""
         return [f for f in snapshot.files if f.num_records] if snapshot is not None else []
+
+    @staticmethod
+    def is_small(snapshot: Snapshot | None) -> bool:
+        """True when every tombstone together holds at most SMALL_TABLE_BYTES: checking a batch
+        against all of them while it is materialized then costs a shuffle of that little data,
+        where a check after it (when the lookup finds files to read) costs the MERGE a
+        materialization of its own, a whole Spark job."""
+        files = Tombstones.all_files(snapshot)
+        return bool(files) and sum(f.size for f in files) <= SMALL_TABLE_BYTES
 
     def lookup_reads_most(self, snapshot: Snapshot | None, files: Sequence[DataFile]) -> bool:
         """True when a lookup of ``files`` reads at least half the tombstones' bytes: pruning by

@@ -231,6 +231,7 @@ def test_partitioned_upsert_stays_within_four_jobs(spark: SparkSession, tmp_path
     assert len(table) == 301
 
 
+@pytest.mark.usefixtures("without_small_table_rules")
 def test_in_order_batch_newer_than_every_tombstone_skips_the_tombstone_lookup(
         spark: SparkSession, tmp_path: Path) -> None:
     path = str(tmp_path / "in_order")
@@ -254,6 +255,7 @@ def test_in_order_batch_newer_than_every_tombstone_skips_the_tombstone_lookup(
     assert len(table) == 99  # 100 rows, keys 1 and 4 deleted, 600 new
 
 
+@pytest.mark.usefixtures("without_small_table_rules")
 def test_after_a_lookup_of_most_tombstones_the_next_batch_drops_late_events_while_materialized(
         spark: SparkSession, tmp_path: Path) -> None:
     path = str(tmp_path / "late_again")
@@ -280,6 +282,7 @@ def test_after_a_lookup_of_most_tombstones_the_next_batch_drops_late_events_whil
     assert len(table) == 98  # 0..99 minus 2 and 7; key 1 back
 
 
+@pytest.mark.usefixtures("without_small_table_rules")
 def test_after_a_batch_that_touched_every_candidate_the_next_skips_find_touched_files(
         spark: SparkSession, tmp_path: Path) -> None:
     path = str(tmp_path / "touch_all")
@@ -313,3 +316,70 @@ def test_after_a_batch_that_touched_every_candidate_the_next_skips_find_touched_
     scanned = [batch([(60, batch_id, "u", "e")], batch_id)[1].get("findTouchedFiles", 0) > 0
                for batch_id in range(2, PROBE_TOUCHED_EVERY + 1)]
     assert scanned == [False] * (PROBE_TOUCHED_EVERY - 2) + [True]
+
+
+def test_small_candidate_files_are_rewritten_whole_without_find_touched_files(
+        spark: SparkSession, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Candidates within sink.SMALL_CANDIDATES_BYTES are rewritten whole from the first batch:
+    findTouchedFiles's job costs more than copying their untouched rows. Above it, the scan
+    runs and only the touched files are rewritten; the table is the same either way."""
+    from streaming_merge.streaming import sink as sink_module
+
+    def run(name: str) -> tuple[dict[str, Any], dict[str, int], str]:
+        path = str(tmp_path / name)
+        DeltaTable.createFromDataFrame(
+            spark.createDataFrame([(i, 1, "c", "a") for i in range(100)], CDC_SCHEMA).repartitionByRange(4, "id"),
+            path)
+        sink = MergeSink(path, keys="id", sequence_by="lsn", delete_when="op = 'd'", app_id=name)
+        # Keys 0..99 in 4 files by range: the batch's range [1, 500] overlaps all 4; it touches 3.
+        with profiling() as profile:
+            sink(spark.createDataFrame([(1, 2, "u", "b"), (30, 2, "d", None), (60, 2, "u", "b"),
+                                        (500, 2, "c", "new")], CDC_SCHEMA), 0)
+        progress = sink.lastProgress
+        assert progress is not None
+        return progress["metrics"], {n: stats.jobs for n, stats in profile.phases.items()}, path
+
+    metrics, jobs, path = run("small")
+    assert jobs.get("findTouchedFiles", 0) == 0
+    assert metrics["numTargetFilesRemoved"] == metrics["numTargetFilesAfterSkipping"] == 4
+    assert (metrics["numTargetRowsUpdated"], metrics["numTargetRowsDeleted"], metrics["numTargetRowsInserted"],
+            metrics["numTargetRowsCopied"]) == (2, 1, 1, 97)
+    small = by_id(path)
+
+    monkeypatch.setattr(sink_module, "SMALL_CANDIDATES_BYTES", 1)
+    metrics, jobs, path = run("scanned")
+    assert jobs["findTouchedFiles"] >= 1
+    assert (metrics["numTargetFilesAfterSkipping"], metrics["numTargetFilesRemoved"]) == (4, 3)
+    assert (metrics["numTargetRowsUpdated"], metrics["numTargetRowsDeleted"], metrics["numTargetRowsInserted"],
+            metrics["numTargetRowsCopied"]) == (2, 1, 1, 72)
+    assert by_id(path) == small
+    assert 30 not in small and (small[1]["v"], small[60]["v"], small[500]["v"], small[2]["v"]) == ("b", "b", "new", "a")
+    assert len(small) == 100
+
+
+def test_with_few_tombstones_late_events_are_dropped_while_the_batch_is_materialized(
+        spark: SparkSession, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A tombstone table within tombstones.SMALL_TABLE_BYTES is checked in the batch's own
+    materialization, from the first batch after the first deletes: the MERGE then needs no
+    materialization of its own. Above it, the lookup after the materialization finds the late
+    event and the MERGE materializes the filtered batch. The table is the same either way."""
+    from streaming_merge.streaming import tombstones
+
+    late_batch = [(1, 1, "u", "late"), (3, 4, "u", "x"), (2, 5, "c", "back")]
+    path = str(tmp_path / "few")
+    sink = sink_with_tombstones_for_keys_1_and_2(spark, path, "few")
+    with profiling() as profile:
+        sink(spark.createDataFrame(late_batch, CDC_SCHEMA), 2)
+    merge_materialize = profile.phases.get("materialize")
+    assert merge_materialize is None or merge_materialize.jobs == 0, "the MERGE materialized its source again"
+    progress = sink.lastProgress
+    assert progress is not None and progress["numLateRowsDropped"] == 1
+    assert progress["metrics"]["numSourceRows"] == 2
+
+    monkeypatch.setattr(tombstones, "SMALL_TABLE_BYTES", 0)
+    other = str(tmp_path / "looked_up")
+    batch_the_merge_filters_and_materializes(spark, sink_with_tombstones_for_keys_1_and_2(spark, other, "looked-up"),
+                                             late_batch, 2, late=1)
+    table = by_id(path)
+    assert by_id(other) == table
+    assert 1 not in table and (table[2]["v"], table[3]["v"]) == ("back", "x") and len(table) == 99
