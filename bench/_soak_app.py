@@ -13,8 +13,8 @@ rebinds, in this process only, names that the job and the library look up at cal
   current batch id and to report when a batch starts;
 - ``jobs.kafka_cdc_ingest.MergeSink``: the job's sink gets a ``phase_hook`` (MergeSink's
   ``after_materialize`` / ``after_find_touched_files`` / ``before_commit`` points);
-- ``MergeSink._materialize``: the Spark job that reads and decodes the batch's Kafka records
-  (see :func:`main`'s read wrapper);
+- ``streaming_merge.kafka.debezium.decode_batch``: the one Spark job that reads the batch's
+  Kafka records (see :func:`main`'s read wrapper);
 - ``deltalake.DeltaTable.create_write_transaction``: the delta-rs call that writes a commit
   file of the target, tombstone or dead-letter table (streaming_merge.table.commit).
 
@@ -63,9 +63,9 @@ from pyspark import SparkContext
 from pyspark.sql import DataFrame
 
 import jobs.kafka_cdc_ingest as job
+from streaming_merge.kafka import debezium
 from streaming_merge.merge.materialize import checkpoint_rdd_id
 from streaming_merge.session import local_session
-from streaming_merge.streaming.sink import MergeSink
 
 EXECUTOR_MAIN_CLASS = "org.apache.spark.executor.CoarseGrainedExecutorBackend"
 WATCH_POLL_S = 0.005
@@ -332,24 +332,24 @@ def main(argv: list[str] | None = None) -> int:
 
     # -- the Kafka read.
     # The kafka_py source is lazy: Spark plans a batch's offset ranges on the driver, but
-    # not one record is fetched until the job's batch function copies the batch. In
-    # jobs.kafka_cdc_ingest that is the MergeSink's materialization: one Spark job (a local
+    # not one record is fetched until the job's batch function stages the batch. In
+    # jobs.kafka_cdc_ingest that is debezium.decode_batch: one Spark job (a local
     # checkpoint) whose tasks run the source's partition readers in the executors' Python
-    # workers (one consumer per Kafka partition range), decode the JSON, deduplicate and write
-    # the copy's blocks. So "the materialization has not returned AND the driver sees tasks
-    # of that job running" means Kafka records of this batch are being fetched/decoded right
-    # now; a kill then lands mid-read. The kill waits for running tasks, then the given short
+    # workers (one consumer per Kafka partition range), decode the JSON and write the staged
+    # blocks. So "decode_batch has not returned AND the driver sees tasks of that job
+    # running" means Kafka records of this batch are being fetched/decoded right now; a
+    # kill then lands mid-read. The kill waits for running tasks, then the given short
     # random delay, and only fires if the job is still in flight; when the job finished
     # first (a read shorter than the delay), the point stays pending for the next batch,
     # with half the delay (none from the fourth try).
-    original_materialize = MergeSink._materialize
+    original_decode = debezium.decode_batch
     misses = {"process": 0, "executor": 0}
 
     def miss(which: str) -> None:
         misses[which] += 1
         state.emit("read_kill_missed", which=which, misses=misses[which])
 
-    def materialize(*a: Any, **kw: Any) -> Any:
+    def decode_batch(*a: Any, **kw: Any) -> Any:
         state.reading, state.read_started = True, time.monotonic()
         state.emit("read_start")
         if kill_due("mid_read"):
@@ -374,13 +374,13 @@ def main(argv: list[str] | None = None) -> int:
             watch_tasks(sc, lambda: state.reading, 0.05 if not misses["executor"] else 0.0, executor_kill,
                         lambda: miss("executor"))
         try:
-            result = original_materialize(*a, **kw)
+            result = original_decode(*a, **kw)
         finally:
             state.reading = False
         state.emit("read_end", ms=round((time.monotonic() - state.read_started) * 1000))
         return result
 
-    MergeSink._materialize = materialize  # type: ignore[method-assign]
+    debezium.decode_batch = decode_batch
 
     # -- MergeSink phases
 

@@ -6,9 +6,8 @@
 Wall times on a 2-core machine vary by ±20-30 % from one run to the next, so a change that
 saves 100 ms of driver work per batch is invisible in a batch's latency. This runs
 ``bench.kafka_ingest_bench``'s end-to-end part (``--parts e2e --skip-read-baseline`` unless
-given) and, around each call of the job's two per-batch steps (``debezium.decode_observed``, which plans
-the decode, and ``MergeSink.__call__``, which runs it inside the batch's materialization;
-rebound for the run, nothing in the library changes), records:
+given) and, around each call of the job's two per-batch steps (``debezium.decode_batch`` and
+``MergeSink.__call__``, rebound for the run; nothing in the library changes), records:
 
 * **py4j calls**: Python→JVM round trips (the gateway client's ``send_command``), exact;
 * **Python CPU**: the driver process's own CPU time (``time.process_time``);
@@ -103,7 +102,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from streaming_merge.streaming.sink import MergeSink
 
     costs = DriverCosts()
-    debezium.decode_observed = costs.wrap("decode", debezium.decode_observed)  # type: ignore[assignment]
+    debezium.decode_batch = costs.wrap("decode", debezium.decode_batch)  # type: ignore[assignment]
     MergeSink.__call__ = costs.wrap("sink", MergeSink.__call__)  # type: ignore[method-assign]
     status = kafka_ingest_bench.main(args)
     print("\nDriver costs per micro-batch (median of the last two thirds of the batches):")

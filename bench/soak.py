@@ -260,7 +260,7 @@ class Soak:
         self.target = workdir / TABLE
         self.checkpoint = workdir / "checkpoint"
         self.dead_letter = workdir / "dead_letter"
-        self.read_ms: list[float] = []  # Kafka read (materialization) durations, to scale mid_read delays
+        self.read_ms: list[float] = []  # decode_batch durations, to scale mid_read delays
         self.batch_s: list[float] = []  # batch durations, to scale wall-clock delays
 
     def command(self, events: Path, kill: KillPlan | None, executor_points: list[ExecutorPlan]) -> list[str]:

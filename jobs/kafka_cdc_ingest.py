@@ -29,6 +29,7 @@ from pyspark.sql.streaming import StreamingQuery
 from pyspark.sql.types import StructType
 
 from streaming_merge import DeltaTable, MergeSink
+from streaming_merge._interpreted import DEFAULT_INTERPRETED_MAX_ROWS, interpreted_if_small
 from streaming_merge.errors import StreamingMergeError
 from streaming_merge.kafka import debezium
 from streaming_merge.kafka.source import register
@@ -126,43 +127,45 @@ def _known_row_schema(spark: SparkSession, config: IngestConfig) -> StructType |
 
 def batch_function(config: IngestConfig, on_progress: Callable[[dict[str, Any]], None]
                    ) -> tuple[Callable[[DataFrame, int], None], MergeSink]:
-    """The foreachBatch function: decode, divert malformed records, merge, in as few jobs as
-    the batch allows.
+    """The foreachBatch function: decode once, divert malformed records, merge.
 
-    The decode has no Spark job of its own: its DataFrame operations run inside the
-    MergeSink's materialization of the batch, which counts the records, tombstones and
-    malformed records in that same job. Once it has run (the sink's ``after_materialize``
-    callback) the batch fails there if it has malformed records it may not divert, before any
-    write; otherwise they are read and decoded again for the dead-letter append, beside the
-    MERGE (``_MalformedRecords``). A lost block of the sink's copy is healed by the sink
-    (its retries read the Kafka records again); only the copy a schema inference makes is
-    staged again whole (``staged_again_on_lost_blocks``). The dead-letter append and the
-    MERGE are idempotent per batch (Delta txn), so a rerun never applies anything twice."""
+    The Kafka records are read and decoded in one Spark job into a local checkpoint (with
+    the record counts observed in that job); the dead-letter append (beside the MERGE, see
+    ``_dead_letters_beside``) and the MergeSink both read that copy. A lost block of the copy
+    cannot be healed by the sink (its retries re-read the same copy), so the whole batch is
+    staged again from the Kafka records at the next storage level; the dead-letter append and
+    the MERGE are idempotent per batch (Delta txn), so a rerun never applies anything twice."""
     sink = MergeSink(config.target, keys=config.keys, dead_letter=config.dead_letter, **change_options(config))
 
     def run_once(records: DataFrame, batch_id: int, level: str) -> dict[str, Any]:
         spark = records.sparkSession
-        row_schema, records, inferred_from = _row_schema(records, config, level)
-        decoded = debezium.decode_observed(records, row_schema, keys=config.keys, truncates=config.apply_truncates)
-        malformed = _MalformedRecords(spark, config, decoded, batch_id)
+        # A trigger reads at most maxOffsetsPerTrigger records: with a small bound the decode runs
+        # without generated code (streaming_merge._interpreted), and the sink is told the count.
+        with interpreted_if_small(spark, config.max_offsets_per_trigger, DEFAULT_INTERPRETED_MAX_ROWS):
+            decoded = _decode(records, config, level)
+        dead_letters: BackgroundCall | None = None
         try:
+            bad = decoded.num_malformed
+            if bad and (config.on_malformed == "fail" or not config.dead_letter):
+                sample = [r["error"] for r in decoded.malformed.limit(3).collect()]
+                raise MalformedRecordsError(
+                    f"Batch {batch_id}: {bad} Kafka record(s) could not be decoded, e.g. {sample}; "
+                    "configure --dead-letter (on_malformed=dead_letter) to divert them.")
             # Held around both writes: settings are the session's, shared by the two threads.
             with parquet_write_conf(spark):
-                # A trigger reads at most maxOffsetsPerTrigger records: with a small bound the
-                # batch's copy is made without generated code (streaming_merge._interpreted).
-                sink(decoded.events, batch_id, rows_at_most=config.max_offsets_per_trigger,
-                     after_materialize=malformed.divert)
-                malformed.finish()
+                if bad:
+                    dead_letters = _dead_letters_beside(spark, config, decoded, batch_id)
+                sink(decoded.events, batch_id, rows_at_most=decoded.num_records)
+                if dead_letters is not None:
+                    dead_letters.result()
         except BaseException:
-            malformed.wait_quietly()  # nothing may still read the records once they are released
+            if dead_letters is not None:
+                dead_letters.wait_quietly()  # nothing may still read the staged copy once it is released
             raise
         finally:
-            if inferred_from is not None:
-                release(inferred_from)
-        counts = malformed.counts
+            decoded.release()
         progress = dict(sink.lastProgress or {})
-        progress.update(malformedRecords=counts["malformed"], kafkaRecords=counts["records"],
-                        tombstones=counts["tombstones"])
+        progress.update(malformedRecords=bad, kafkaRecords=decoded.num_records, tombstones=decoded.num_tombstones)
         return progress
 
     def run(records: DataFrame, batch_id: int) -> None:
@@ -171,83 +174,40 @@ def batch_function(config: IngestConfig, on_progress: Callable[[dict[str, Any]],
     return run, sink
 
 
-class _MalformedRecords:
-    """One batch's malformed records, once the sink's materialization has decoded the batch
-    and counted them: the batch fails (``on_malformed="fail"``, or no dead-letter table), or
-    they go to the dead-letter table beside the MERGE.
+def _dead_letters_beside(spark: SparkSession, config: IngestConfig, decoded: debezium.DecodedBatch,
+                         batch_id: int) -> BackgroundCall:
+    """The malformed records' append to the dead-letter table, started beside the batch's MERGE.
 
     The two writes go to different tables and each is idempotent per batch (its own Delta
     txn), so their order does not matter: the batch ends when both have committed, and a
     failure of either fails the batch, whose replay skips what was already committed. Run one
     after the other, the first batch's append (which creates the table) took 1.4-2.5 s of the
-    demo's critical path. The append reads and decodes the records again: one job, only for
-    batches that have malformed records."""
+    demo's critical path."""
+    assert config.dead_letter is not None
+    app_id = spark.sparkContext.getLocalProperty("sql.streaming.queryId") or "kafka_cdc_ingest"
+    dead_letter = resolve(config.dead_letter, spark, config.storage_options)
+    malformed = decoded.malformed
 
-    def __init__(self, spark: SparkSession, config: IngestConfig, decoded: debezium.ObservedDecode,
-                 batch_id: int) -> None:
-        self._spark, self._config, self._decoded, self._batch_id = spark, config, decoded, batch_id
-        self._counts: dict[str, int] | None = None
-        self._append: BackgroundCall | None = None
-
-    @property
-    def counts(self) -> dict[str, int]:
-        assert self._counts is not None, "counted by divert(), which finish() makes sure ran"
-        return self._counts
-
-    def divert(self) -> None:
-        """Called once the batch's events were read (the sink's ``after_materialize``, again on
-        each of its reruns, which changes nothing)."""
-        if self._counts is not None:
-            return
-        self._counts = self._decoded.counts()
-        bad = self._counts["malformed"]
-        if not bad:
-            return
-        config = self._config
-        if config.on_malformed == "fail" or not config.dead_letter:
-            sample = [r["error"] for r in self._decoded.malformed.limit(3).collect()]
-            raise MalformedRecordsError(
-                f"Batch {self._batch_id}: {bad} Kafka record(s) could not be decoded, e.g. {sample}; "
-                "configure --dead-letter (on_malformed=dead_letter) to divert them.")
-        spark = self._spark
-        app_id = spark.sparkContext.getLocalProperty("sql.streaming.queryId") or "kafka_cdc_ingest"
-        dead_letter = resolve(config.dead_letter, spark, config.storage_options)
-        malformed, batch_id = self._decoded.malformed, self._batch_id
-        # With the session's settings as they are: a thread of its own must not change them (the
-        # MERGE's thread sets and restores some while this runs), so no interpreted block here.
-        self._append = BackgroundCall(
-            lambda: append_rows(spark, malformed, dead_letter, f"{app_id}:malformed", batch_id),
-            "dead-letter-append")
-
-    def finish(self) -> None:
-        """After the sink returned: wait for the append. A batch the sink skipped (its MERGE was
-        committed before a restart) never read its events; they are counted here, one job, and
-        the append (if its own commit is missing too) runs now."""
-        if self._counts is None:
-            self._decoded.events.count()
-            self.divert()
-        if self._append is not None:
-            self._append.result()
-
-    def wait_quietly(self) -> None:
-        if self._append is not None:
-            self._append.wait_quietly()
+    # With the session's settings as they are: a thread of its own must not change them (the
+    # MERGE's thread sets and restores some while this runs), so no interpreted block here.
+    return BackgroundCall(lambda: append_rows(spark, malformed, dead_letter, f"{app_id}:malformed", batch_id),
+                          "dead-letter-append")
 
 
-def _row_schema(records: DataFrame, config: IngestConfig, level: str
-                ) -> tuple[StructType, DataFrame, DataFrame | None]:
-    """The row schema to decode with: the configured or table's one, else inferred from this
-    batch (a new table's first batch only), which then reads a local checkpoint of the
-    records at ``level`` (returned third, to release after the batch) instead of Kafka twice."""
+def _decode(records: DataFrame, config: IngestConfig, level: str) -> debezium.DecodedBatch:
+    """The batch's records decoded once (a local checkpoint at ``level``); the row schema is
+    the configured or table's one, else inferred from this batch (its first only)."""
     row_schema = _known_row_schema(records.sparkSession, config)
-    if row_schema is not None:
-        return row_schema, records, None
-    staged = records.localCheckpoint(eager=True, storageLevel=storage_level(level))
+    inferred_from: DataFrame | None = None
+    if row_schema is None:  # first batch of a new table only: inference needs a pass of its own
+        records = inferred_from = records.localCheckpoint(eager=True, storageLevel=storage_level(level))
+        row_schema = debezium.infer_row_schema(records)
     try:
-        return debezium.infer_row_schema(staged), staged, staged
-    except BaseException:
-        release(staged)
-        raise
+        return debezium.decode_batch(records, row_schema, keys=config.keys, storage_level_name=level,
+                                     truncates=config.apply_truncates)
+    finally:
+        if inferred_from is not None:
+            release(inferred_from)
 
 
 def staged_again_on_lost_blocks(run_once: Callable[[DataFrame, int, str], dict[str, Any]], records: DataFrame,

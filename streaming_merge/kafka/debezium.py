@@ -145,33 +145,6 @@ def decode_batch(records: DataFrame, row_schema: StructType, keys: Sequence[str]
                         num_malformed=counts["malformed"])
 
 
-@dataclass(frozen=True)
-class ObservedDecode:
-    """Kafka records' decode, not yet run, for a caller whose next step copies the events
-    anyway (the ingestion job hands them to MergeSink, which materializes its batch): the
-    decode then runs inside that job, with no job or copy of its own. ``events`` counts the
-    records, tombstones and malformed records in whichever job first reads it; ``malformed``
-    reads and decodes the records again (worth it only when there are any)."""
-
-    events: DataFrame
-    malformed: DataFrame
-    observation: Observation
-
-    def counts(self) -> dict[str, int]:
-        """``records``, ``tombstones`` and ``malformed``: blocks until a job has read ``events``."""
-        return {name: int(value or 0) for name, value in self.observation.get.items()}
-
-
-def decode_observed(records: DataFrame, row_schema: StructType, keys: Sequence[str] = (),
-                    truncates: bool = False) -> ObservedDecode:
-    """The decode of :func:`decode_batch` without its job: see :class:`ObservedDecode`."""
-    plan = _plan_for(records, row_schema, keys, truncates)
-    observation = Observation()
-    observed = plan.stage(records).observe(observation, *plan.counts).filter(plan.not_tombstone).drop(_TOMBSTONE)
-    staged = plan.stage(records).filter(plan.not_tombstone).drop(_TOMBSTONE)
-    return ObservedDecode(events=plan.events(observed), malformed=plan.malformed(staged), observation=observation)
-
-
 def decode(records: DataFrame, row_schema: StructType, keys: Sequence[str] = (), truncates: bool = False
            ) -> tuple[DataFrame, DataFrame]:
     """(events, malformed) from Kafka records, lazily: each action on either frame decodes

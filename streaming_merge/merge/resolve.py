@@ -144,7 +144,10 @@ def resolve_merge(
 
 
 def _require_boolean(frame: DataFrame, expr: Column, what: str) -> None:
-    data_type = _type_of(frame, expr, what)
+    _require_boolean_type(_type_of(frame, expr, what), expr, what)
+
+
+def _require_boolean_type(data_type: DataType, expr: Column, what: str) -> None:
     if not isinstance(data_type, BooleanType):
         raise MergeAnalysisError(
             f"{what[0].upper()}{what[1:]} `{expr_text(expr)}` must be a boolean expression, not "
@@ -157,6 +160,23 @@ def _type_of(frame: DataFrame, expr: Column, what: str) -> DataType:
         return frame.select(expr.alias("_")).schema[0].dataType
     except AnalysisException as exc:
         raise MergeAnalysisError(f"Cannot resolve {what} `{expr_text(expr)}`: {exc}") from exc
+
+
+def _types_of(frame: DataFrame, checked: list[tuple[Column, str]]) -> list[DataType]:
+    """The types of a clause's expressions, from one analysis of them all: each analysis is a
+    driver→JVM round trip through the analyzer (on a new query's JVM, not yet compiled by the
+    JIT, 50-100 ms each; one per column made a wide MERGE's first batch pay seconds). When
+    that analysis fails, each expression is analysed alone, in order, so the error names the
+    first one that cannot be resolved."""
+    if not checked:
+        return []
+    try:
+        schema = frame.select(*[expr.alias(f"_{i}") for i, (expr, _) in enumerate(checked)]).schema
+    except AnalysisException as exc:
+        for expr, what in checked:
+            _type_of(frame, expr, what)
+        raise MergeAnalysisError(f"Cannot resolve {checked[0][1]}: {exc}") from exc
+    return [f.dataType for f in schema.fields]
 
 
 class _ClauseResolver:
@@ -192,18 +212,17 @@ class _ClauseResolver:
             "not_matched": " (a WHEN NOT MATCHED clause can only refer to source columns)",
             "not_matched_by_source": " (a WHEN NOT MATCHED BY SOURCE clause can only refer to target columns)",
         }[clause.kind]
-        condition = None
-        if clause.condition is not None:
-            condition = to_column(clause.condition)
-            _require_boolean(scope, condition, f"the condition of {where}{scope_note}")
+        condition = to_column(clause.condition) if clause.condition is not None else None
+        values = self._assignments(clause) if not clause.is_delete else {}
+        fields = [f for f in self._output.fields if f.name in values]
+        checked = ([(condition, f"the condition of {where}{scope_note}")] if condition is not None else []) + \
+            [(values[f.name], f"the value for column `{f.name}` in {where}{scope_note}") for f in fields]
+        types = _types_of(scope, checked)
+        if condition is not None:
+            _require_boolean_type(types.pop(0), condition, f"the condition of {where}{scope_note}")
         if clause.is_delete:
             return ResolvedClause(clause, condition, None, code)
-        values = self._assignments(clause)
-        outputs = {}
-        for field in self._output.fields:
-            value = values[field.name]
-            from_type = _type_of(scope, value, f"the value for column `{field.name}` in {where}{scope_note}")
-            outputs[field.name] = self._store(value, from_type, field, where)
+        outputs = {f.name: self._store(values[f.name], t, f, where) for f, t in zip(fields, types, strict=True)}
         return ResolvedClause(clause, condition, outputs, code)
 
     def _assignments(self, clause: MergeClause) -> dict[str, Column]:

@@ -241,19 +241,12 @@ class MergeSink:
         self.target = location.uri
         return location
 
-    def __call__(self, batch_df: DataFrame, batch_id: int, *, rows_at_most: int | None = None,
-                 after_materialize: Callable[[], None] | None = None) -> None:
+    def __call__(self, batch_df: DataFrame, batch_id: int, *, rows_at_most: int | None = None) -> None:
         """Merge one micro-batch (the ``foreachBatch`` function). ``rows_at_most``: a bound on
         the batch's rows when the caller knows one (it counted them, or its trigger reads at
         most that many records); a small batch is then materialized without generated code
         (``MergeOptions.interpreted_max_rows``). Unknown, only the steps after the
-        materialization, which counts the rows, can run interpreted.
-
-        ``after_materialize``: called once the job that copies the batch has run (on every
-        attempt), before anything is written; an exception from it fails the batch with
-        nothing written. For a caller whose ``batch_df`` observes something of its own in that
-        job (the Kafka job counts its malformed records there), so it needs no job to know it.
-        Not called for a batch skipped as already committed."""
+        materialization, which counts the rows, can run interpreted."""
         started = time.monotonic()
         spark = batch_df.sparkSession
         self._bind(spark)
@@ -262,8 +255,7 @@ class MergeSink:
             level = level_for_attempt(self._storage_levels, attempt)
             try:
                 with merge_conf(spark), parquet_write_conf(spark):  # held for both writes (see parquet_write_conf)
-                    self._run_batch(spark, batch_df, batch_id, app_id, attempt, level, started, rows_at_most,
-                                    after_materialize)
+                    self._run_batch(spark, batch_df, batch_id, app_id, attempt, level, started, rows_at_most)
                 return
             except Exception as exc:
                 lost = is_lost_block_error(exc)
@@ -279,8 +271,7 @@ class MergeSink:
                             self.target, attempt, type(exc).__name__)
 
     def _run_batch(self, spark: SparkSession, batch_df: DataFrame, batch_id: int, app_id: str, attempt: int,
-                   level: str, started: float, rows_at_most: int | None,
-                   after_materialize: Callable[[], None] | None) -> None:
+                   level: str, started: float, rows_at_most: int | None) -> None:
         """One attempt: the txn check, one materialization of the prepared batch (counts and
         key ranges observed in that job), the tombstone filter, the MERGE."""
         location = self._bind(spark)
@@ -296,7 +287,8 @@ class MergeSink:
                 return
         tombstone_snapshot = self._tombstones.snapshot() if self._tombstones is not None else None
         # Late events are dropped while the batch is materialized when the previous batch's lookup
-        # read most tombstones anyway; the MERGE then takes that copy as it is (no pass of its own).
+        # read most tombstones anyway, or when there are few (Tombstones.is_small); the MERGE then
+        # takes that copy as it is (no pass of its own).
         early: Callable[[DataFrame], DataFrame] | None = None
         everything = Tombstones.all_files(tombstone_snapshot)
         if self._tombstones is not None and self._scd_type == 1 and everything and \
@@ -311,8 +303,6 @@ class MergeSink:
         execution = contextlib.ExitStack()
         try:
             materialize_ms = _ms(materialize_started)
-            if after_materialize is not None:
-                after_materialize()
             if self._phase_hook:
                 self._phase_hook("after_materialize", batch)
             num_input, null_keys, delete_events, truncate_values, oldest_sequence = counts

@@ -1,7 +1,7 @@
 """Debezium decoding on hand-made Kafka records, without a broker: every kind of change event
 and every kind of malformed record, checked exactly; the decode is one Spark job whose copy
-serves both the events and the dead letters; and the ingestion job's batch function decodes inside
-the sink's materialization and restages a batch whose inference copy lost its blocks.
+serves both the events and the dead letters; and the ingestion job's batch function restages
+a batch whose decoded copy lost its blocks.
 
 Why here and not only end to end (tests/kafka/test_ingest_e2e.py): a micro-batch through a
 broker costs seconds, and what must hold per record (reason texts, sequence positions, raw
@@ -11,6 +11,7 @@ bytes kept) is cheapest to pin down on one small static batch.
 from __future__ import annotations
 
 import json
+import threading
 import uuid
 from pathlib import Path
 from typing import Any
@@ -18,8 +19,7 @@ from typing import Any
 import deltalake
 import pytest
 from pyspark.sql import DataFrame, SparkSession
-from pyspark.sql import functions as F
-from pyspark.sql.types import BinaryType, LongType, StringType, StructField, StructType
+from pyspark.sql.types import LongType, StringType, StructField, StructType
 
 import jobs.kafka_cdc_ingest as job
 from streaming_merge.kafka import debezium
@@ -168,101 +168,53 @@ def query_id(spark: SparkSession) -> Any:
     context.setLocalProperty("sql.streaming.queryId", None)  # type: ignore[arg-type]
 
 
-def applied_rows(target: str) -> dict[int, Any]:
-    rows = deltalake.DeltaTable(target).to_pyarrow_table().to_pylist()
-    assert len(rows) == len({r["id"] for r in rows})
-    return {r["id"]: r["v"] for r in rows}
-
-
-def expected_rows() -> dict[int, Any]:
-    latest: dict[int, tuple[Any, ...]] = {}
-    for event in expected_events():  # within this batch the position orders the events of id 1
-        latest[event[0]] = event
-    return {k: e[1] for k, e in latest.items() if e[2] != "d"}
-
-
-def dead_letters(path: str) -> list[tuple[int, str]]:
-    return sorted((r["offset"], r["error"]) for r in deltalake.DeltaTable(path).to_pyarrow_table().to_pylist())
-
-
-def counted_reads(spark: SparkSession, records: DataFrame) -> tuple[DataFrame, Any]:
-    """``records`` with every read of a record counted (a Python UDF on the value, a test aid)."""
-    reads = spark.sparkContext.accumulator(0)
-
-    def count(value):  # type: ignore[no-untyped-def]  # hints would make Spark guess a pandas UDF
-        reads.add(1)
-        return value
-
-    # Nondeterministic, so the optimizer evaluates it once per record read (never copies it into a filter).
-    counting = F.udf(count, BinaryType()).asNondeterministic()
-    return records.withColumn("value", counting("value")), reads
-
-
-def test_the_batch_is_decoded_inside_the_sinks_materialization(spark: SparkSession, tmp_path: Path,
-                                                                query_id: str) -> None:
-    """The job's decode has no job of its own: the sink's one materialization reads and
-    decodes the records and counts them. Malformed records are read again for the
-    dead-letter append; a batch without any reads its records once. A batch the sink skips
-    (committed before a restart) is read once to count it, and its dead letters are not
-    appended twice."""
+def test_a_batch_whose_decoded_copy_is_lost_is_staged_again(spark: SparkSession, tmp_path: Path, query_id: str,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """The dead-letter append commits, then the decoded copy loses its blocks before the
+    MERGE: the sink cannot heal that (its retries read the same copy), so the job decodes the
+    batch again; the dead-letter rows are not appended twice and the MERGE is applied once.
+    The append runs beside the MERGE, so the sink here starts each batch only once the append
+    it runs beside has returned: that interleaving is the one under test."""
     config = job.IngestConfig(bootstrap_servers="unused:9092", topics=TOPIC, target=str(tmp_path / "items"),
                               keys=["id"], checkpoint=str(tmp_path / "chk"), dead_letter=str(tmp_path / "dead"),
                               row_schema="id long, v string")
+    appended: list[int | None] = []
+    append_returned = threading.Semaphore(0)
+    original = job.append_rows
+
+    def append_then_lose_the_copy(spark_: SparkSession, df: DataFrame, path: str, app_id: str,
+                                  version: int) -> int | None:
+        try:
+            result = original(spark_, df, path, app_id, version)
+            if not appended:
+                spark_.sparkContext._jsc.sc().unpersistRDD(checkpoint_rdd_id(df), True)
+            appended.append(result)
+            return result
+        finally:
+            append_returned.release()
+
+    class SinkAfterTheAppend(job.MergeSink):  # type: ignore[name-defined,misc]
+        def __call__(self, batch_df: DataFrame, batch_id: int, **kwargs: Any) -> None:
+            assert append_returned.acquire(timeout=120), "the dead-letter append never returned"
+            super().__call__(batch_df, batch_id, **kwargs)
+
+    monkeypatch.setattr(job, "append_rows", append_then_lose_the_copy)
+    monkeypatch.setattr(job, "MergeSink", SinkAfterTheAppend)
     progress: list[dict[str, Any]] = []
     run, _ = job.batch_function(config, progress.append)
-    with_malformed, first_reads = counted_reads(spark, kafka_records(spark))
-    run(with_malformed, 0)
-    assert first_reads.value == 2 * (len(GOOD) + len(MALFORMED)), "read by the sink, then for the dead letters"
+    run(kafka_records(spark), 0)
 
-    replayed, replay_reads = counted_reads(spark, kafka_records(spark))
-    run(replayed, 0)
-    assert replay_reads.value == len(GOOD) + len(MALFORMED), "a skipped batch is read once, to count it"
-
-    new_row = envelope("c", after={"id": 9, "v": "new"}, source={"lsn": 20})
-    clean, clean_reads = counted_reads(spark, spark.createDataFrame([(b"9", new_row, TOPIC, 3, 0, None, 0, [])],
-                                                                    SCHEMA))
-    run(clean, 1)
-    assert clean_reads.value == 1, "a batch without malformed records reads Kafka once"
-
-    assert applied_rows(config.target) == {**expected_rows(), 9: "new"}
-    assert dead_letters(str(config.dead_letter)) == [(o, e) for o, _, _, e in MALFORMED]
-    assert [(p["batchId"], p["skipped"], p["malformedRecords"], p["kafkaRecords"], p["tombstones"])
-            for p in progress] == [(0, False, len(MALFORMED), len(GOOD) + len(MALFORMED), 1),
-                                   (0, True, len(MALFORMED), len(GOOD) + len(MALFORMED), 1), (1, False, 0, 1, 0)]
-
-
-def test_a_batch_whose_inferred_schema_copy_is_lost_is_staged_again(spark: SparkSession, tmp_path: Path,
-                                                                    query_id: str,
-                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
-    """A new table's first batch is read into a local checkpoint to infer its row schema;
-    when that copy loses its blocks the sink cannot heal it (its reruns read the same copy),
-    so the job stages the batch again; the dead letters are appended and the MERGE applied once."""
-    config = job.IngestConfig(bootstrap_servers="unused:9092", topics=TOPIC, target=str(tmp_path / "items"),
-                              keys=["id"], checkpoint=str(tmp_path / "chk"), dead_letter=str(tmp_path / "dead"))
-    original = debezium.infer_row_schema
-    inferred: list[StructType] = []
-
-    def infer_then_lose_the_copy(records: DataFrame) -> StructType:
-        schema = original(records)
-        if not inferred:
-            spark.sparkContext._jsc.sc().unpersistRDD(checkpoint_rdd_id(records), True)
-        inferred.append(schema)
-        return schema
-
-    monkeypatch.setattr(debezium, "infer_row_schema", infer_then_lose_the_copy)
-    progress: list[dict[str, Any]] = []
-    run, _ = job.batch_function(config, progress.append)
-    # Without the two records whose id is not a whole number, which inference would widen to.
-    malformed = [m for m in MALFORMED if m[3] != debezium.IMAGE_MISMATCH]
-    rows = [(key, value, TOPIC, partition, offset, None, 0, []) for partition, offset, key, value, _ in GOOD]
-    rows += [(key, value, TOPIC, 2, offset, None, 0, []) for offset, key, value, _ in malformed]
-    run(spark.createDataFrame(rows, SCHEMA), 0)
-
-    assert len(inferred) == 2, "staged and inferred again after the loss"
-    assert applied_rows(config.target) == expected_rows()
-    assert dead_letters(str(config.dead_letter)) == [(o, e) for o, _, _, e in malformed]
-    assert [(p["batchId"], p["attempts"], p["malformedRecords"], p["kafkaRecords"], p["tombstones"])
-            for p in progress] == [(0, 1, len(malformed), len(GOOD) + len(malformed), 1)]
+    assert appended[0] is not None and appended[1:] == [None], "dead letters committed once, skipped on the rerun"
+    dead = deltalake.DeltaTable(str(config.dead_letter)).to_pyarrow_table().to_pylist()
+    assert sorted((r["offset"], r["error"]) for r in dead) == [(o, e) for o, _, _, e in MALFORMED]
+    rows = deltalake.DeltaTable(config.target).to_pyarrow_table().to_pylist()
+    latest: dict[int, tuple[Any, ...]] = {}
+    for event in expected_events():  # within this batch the position orders the events of id 1
+        latest[event[0]] = event
+    assert {r["id"]: r["v"] for r in rows} == {k: e[1] for k, e in latest.items() if e[2] != "d"}
+    assert len(rows) == len({r["id"] for r in rows})
+    assert [(p["batchId"], p["malformedRecords"], p["kafkaRecords"], p["tombstones"]) for p in progress] == \
+        [(0, len(MALFORMED), len(GOOD) + len(MALFORMED), 1)]
     assert deltalake.DeltaTable(config.target).transaction_version(query_id) == 0
 
 
