@@ -292,7 +292,7 @@ class MergeSink:
         early: Callable[[DataFrame], DataFrame] | None = None
         everything = Tombstones.all_files(tombstone_snapshot)
         if self._tombstones is not None and self._scd_type == 1 and everything and \
-                (self._filter_while_materializing or Tombstones.is_small(tombstone_snapshot)):
+                (self._filter_while_materializing or Tombstones.is_small(everything)):
             early = functools.partial(self._tombstones.without_late, spark, snapshot=tombstone_snapshot,
                                       files=everything, partitioned_by_keys=True)
         materialize_started = time.monotonic()

@@ -81,12 +81,11 @@ class Tombstones:
         return [f for f in snapshot.files if f.num_records] if snapshot is not None else []
 
     @staticmethod
-    def is_small(snapshot: Snapshot | None) -> bool:
-        """True when every tombstone together holds at most SMALL_TABLE_BYTES: checking a batch
-        against all of them while it is materialized then costs a shuffle of that little data,
-        where a check after it (when the lookup finds files to read) costs the MERGE a
-        materialization of its own, a whole Spark job."""
-        files = Tombstones.all_files(snapshot)
+    def is_small(files: Sequence[DataFile]) -> bool:
+        """True when ``files`` (:meth:`all_files`) hold at most SMALL_TABLE_BYTES: checking a
+        batch against every tombstone while it is materialized then costs a shuffle of that
+        little data, where a check after it (when the lookup finds files to read) costs the
+        MERGE a materialization of its own, a whole Spark job."""
         return bool(files) and sum(f.size for f in files) <= SMALL_TABLE_BYTES
 
     def lookup_reads_most(self, snapshot: Snapshot | None, files: Sequence[DataFile]) -> bool:
