@@ -202,8 +202,10 @@ class MergeSink:
         self._auto_compact = auto_compact
         self._progress = ProgressLog(progress_capacity)
         self._tombstones: Tombstones | None = None
-        # Set by each batch for the next (see Tombstones.lookup_reads_most); off after a restart.
-        self._filter_while_materializing = False
+        # Set by each batch's tombstone lookup for the next (see Tombstones.lookup_reads_most); None
+        # until a lookup has seen a tombstone (a new stream, a restart): the next batch then filters
+        # while materializing only when the tombstones are few (Tombstones.is_small).
+        self._filter_while_materializing: bool | None = None
         # Batches in a row whose MERGE rewrote every candidate file (see REWRITE_ALL_CANDIDATES_BYTES).
         self._all_touched_streak = 0
         self._tombstone_settings = (tombstones, tombstone_retention, tombstone_purge_every)
@@ -287,12 +289,14 @@ class MergeSink:
                 return
         tombstone_snapshot = self._tombstones.snapshot() if self._tombstones is not None else None
         # Late events are dropped while the batch is materialized when the previous batch's lookup
-        # read most tombstones anyway, or when there are few (Tombstones.is_small); the MERGE then
-        # takes that copy as it is (no pass of its own).
+        # read most tombstones anyway, or, before any lookup saw one, when there are few
+        # (Tombstones.is_small); the MERGE then takes that copy as it is (no pass of its own). An
+        # in-order stream's lookups find nothing to read, so it goes back to paying nothing.
         early: Callable[[DataFrame], DataFrame] | None = None
         everything = Tombstones.all_files(tombstone_snapshot)
         if self._tombstones is not None and self._scd_type == 1 and everything and \
-                (self._filter_while_materializing or Tombstones.is_small(everything)):
+                (self._filter_while_materializing or
+                 (self._filter_while_materializing is None and Tombstones.is_small(everything))):
             early = functools.partial(self._tombstones.without_late, spark, snapshot=tombstone_snapshot,
                                       files=everything, partitioned_by_keys=True)
         materialize_started = time.monotonic()
@@ -335,7 +339,8 @@ class MergeSink:
             batch_events = source
             if self._tombstones is not None and self._scd_type == 1:  # SCD 2 places late events in the history
                 files = self._tombstones.lookup_files(spark, tombstone_snapshot, stats.ranges, oldest_sequence)
-                self._filter_while_materializing = self._tombstones.lookup_reads_most(tombstone_snapshot, files)
+                self._filter_while_materializing = (self._tombstones.lookup_reads_most(tombstone_snapshot, files)
+                                                    if everything else None)
                 if files and kept_rows is None:
                     assert tombstone_snapshot is not None
                     # The MERGE materializes the filtered batch and counts what is left.
