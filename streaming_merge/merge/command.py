@@ -14,7 +14,7 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from pyspark.sql import Column, DataFrame, SparkSession
@@ -24,6 +24,7 @@ from streaming_merge._profile import phase
 from streaming_merge._spark_conf import temporary_conf
 from streaming_merge.errors import MaterializedSourceLostError, MergeAssignmentOverflowError
 from streaming_merge.merge.clauses import ClauseSet, MergeClause, expr_text
+from streaming_merge.merge.key_presence import KeyPresenceProbe, key_presence_probe
 from streaming_merge.merge.materialize import (
     DEFAULT_STORAGE_LEVELS,
     MaterializePolicy,
@@ -255,8 +256,11 @@ def _run_once(spark: SparkSession, request: MergeRequest, clauses: ClauseSet, at
     hook = options.phase_hook or (lambda phase_name, frame: None)
     held: list[DataFrame] = []  # checkpoints of this attempt, released at the end
     try:
+        probe = (key_presence_probe(snapshot, [(t, s) for t, s in pairs if s in range_columns],
+                                    request.source.schema)
+                 if range_columns and not resolved.not_matched_by_source else None)
         source, stats = _prepare_source(spark, request, clauses, level if materializing else None, range_columns,
-                                        held)
+                                        held, probe)
         return _merge(spark, request, snapshot, resolved, source, stats, pairs, level, held, hook, attempt,
                       started)
     finally:
@@ -320,24 +324,34 @@ def _resolution_key(spark: SparkSession, request: MergeRequest, clauses: ClauseS
 
 
 def _prepare_source(spark: SparkSession, request: MergeRequest, clauses: ClauseSet, level: str | None,
-                    range_columns: list[str], held: list[DataFrame]) -> tuple[DataFrame, SourceStats | None]:
-    """Materialize the source (observing its row count and key ranges in the same job), or
-    take those figures from the caller, or count them in one job over a stable source.
+                    range_columns: list[str], held: list[DataFrame], probe: KeyPresenceProbe | None
+                    ) -> tuple[DataFrame, SourceStats | None]:
+    """Materialize the source (observing its row count, key ranges and, with ``probe``, the
+    target files its keys fall into, in the same job), or take those figures from the caller,
+    or compute them in one job over a stable source.
 
     An insert-only MERGE over a source that is neither materialized nor stable gets no key
     ranges: they would come from a different read than the one that inserts."""
     supplied = request.options.source_stats
+    extra = [probe.aggregate] if probe is not None else []
     if level is not None:
         with phase(spark, "materialize", "MERGE operation - materializing source"):
-            source, values = materialize(request.source, level, source_stats_columns(range_columns))
+            source, values = materialize(request.source, level, [*source_stats_columns(range_columns), *extra])
             held.append(source)
-            return source, source_stats_of(values, range_columns)
+            return source, _with_absent_files(source_stats_of(values, range_columns), probe, values)
     if supplied is not None and supplied.covers(range_columns):
         return request.source, supplied
     if clauses.is_insert_only and not (range_columns and is_stable(request.source)):
         return request.source, None
     with phase(spark, "sourceStats", "MERGE operation - counting source rows"):
-        return request.source, compute_source_stats(request.source, range_columns)
+        stats, values = compute_source_stats(request.source, range_columns, extra)
+        return request.source, _with_absent_files(stats, probe, values)
+
+
+def _with_absent_files(stats: SourceStats, probe: KeyPresenceProbe | None, values: dict[str, Any]) -> SourceStats:
+    if probe is None:
+        return stats
+    return replace(stats, absent_files=probe.absent(values))
 
 
 def _merge(spark: SparkSession, request: MergeRequest, snapshot: Snapshot, resolved: ResolvedMerge,

@@ -315,6 +315,9 @@ class SourceStats:
     # Source columns whose values are known to be unique together (the sink keeps one event
     # per key): a MERGE joining on equality of all of them cannot match a target row twice.
     unique_keys: tuple[str, ...] = ()
+    # Target files (log paths) whose own key ranges hold no source row's keys
+    # (streaming_merge.merge.key_presence): none of their rows can match.
+    absent_files: frozenset[str] = frozenset()
 
     def covers(self, columns: Sequence[str]) -> bool:
         return all(c in self.ranges for c in columns)
@@ -334,11 +337,13 @@ def source_stats_of(values: Mapping[str, Any], columns: Sequence[str]) -> Source
                        {name: (values.get(f"lo{i}"), values.get(f"hi{i}")) for i, name in enumerate(columns)})
 
 
-def compute_source_stats(source: DataFrame, columns: Sequence[str]) -> SourceStats:
+def compute_source_stats(source: DataFrame, columns: Sequence[str], extra: Sequence[Column] = ()
+                         ) -> tuple[SourceStats, dict[str, Any]]:
     """One aggregate job over a source that is not materialized (a stable one: local data or
-    pinned table files, or one the caller chose not to materialize)."""
-    row = source.agg(*source_stats_columns(columns)).collect()[0]
-    return source_stats_of(row.asDict(), columns)
+    pinned table files, or one the caller chose not to materialize); ``extra`` aggregates
+    ride along, their values returned with the stats."""
+    values = source.agg(*source_stats_columns(columns), *extra).collect()[0].asDict()
+    return source_stats_of(values, columns), values
 
 
 def skipping_key_pairs(condition: Column, scope: ColumnScope, target_schema: StructType) -> list[tuple[str, str]]:
@@ -358,9 +363,16 @@ class SkippingPlan:
     scope: ColumnScope
     schema: StructType
     skip_nothing: bool
+    absent_files: frozenset[str] = frozenset()  # SourceStats.absent_files
 
     def select(self, spark: SparkSession, snapshot: Snapshot, files: Sequence[DataFile]) -> list[DataFile]:
         """The subset of ``files`` that may hold a row this MERGE matches."""
+        selected = self._select(spark, snapshot, files)
+        if self.absent_files and not self.skip_nothing:
+            return [f for f in selected if f.path not in self.absent_files]
+        return selected
+
+    def _select(self, spark: SparkSession, snapshot: Snapshot, files: Sequence[DataFile]) -> list[DataFile]:
         if self.skip_nothing or not files or (not self.target_only and not self.key_ranges):
             return list(files)
         if not self.target_only:
@@ -450,4 +462,5 @@ def plan_skipping(
             if s in source_stats.ranges:
                 low, high = source_stats.ranges[s]
                 ranges.append((t, low, high, low is not None))
-    return SkippingPlan(target_only, ranges, scope, target_schema, skip_nothing=False)
+    absent = source_stats.absent_files if source_stats is not None else frozenset()
+    return SkippingPlan(target_only, ranges, scope, target_schema, skip_nothing=False, absent_files=absent)

@@ -32,6 +32,7 @@ from streaming_merge.errors import (
 )
 from streaming_merge.merge.builder import DeltaMergeBuilder
 from streaming_merge.merge.command import MergeOptions, merge_conf
+from streaming_merge.merge.key_presence import KeyPresenceProbe, key_presence_probe
 from streaming_merge.merge.materialize import (
     DEFAULT_STORAGE_LEVELS,
     is_lost_block_error,
@@ -185,6 +186,9 @@ class MergeSink:
         self._preparer = BatchPreparer(self._spec) if self._spec else None
         self._recorded_truncates: set[Any] | None = None  # cached: this sink is the tombstone table's writer
         self._condition = condition or (self._spec.key_condition() if self._spec else "")
+        # Key presence per target file is observed while materializing when the MERGE joins on
+        # the keys alone (a condition of the caller's may join on anything).
+        self._joins_on_keys = condition is None and self._spec is not None and scd_type == 1
         self._selection = ColumnSelection(
             column_list, except_column_list,
             [*self._spec.keys, *self._spec.sequence_by] if self._spec else [])
@@ -302,7 +306,9 @@ class MergeSink:
         materialize_started = time.monotonic()
         with interpreted_if_small(spark, rows_of([rows_at_most, *(_file_rows(tombstone_snapshot) if early else [])]),
                                   self._merge_options.interpreted_max_rows):
-            batch, counts, stats, kept_rows = self._materialize(spark, batch_df, level, early)
+            probe = (key_presence_probe(snapshot, [(k, k) for k in self._spec.keys], batch_df.schema)
+                     if snapshot is not None and self._spec is not None and self._joins_on_keys else None)
+            batch, counts, stats, kept_rows = self._materialize(spark, batch_df, level, early, probe)
         recording: BackgroundCall | None = None
         execution = contextlib.ExitStack()
         try:
@@ -402,13 +408,16 @@ class MergeSink:
             numTruncates=len(truncate_values)))
 
     def _materialize(self, spark: SparkSession, batch_df: DataFrame, level: str,
-                     drop_late: Callable[[DataFrame], DataFrame] | None = None
+                     drop_late: Callable[[DataFrame], DataFrame] | None = None,
+                     probe: KeyPresenceProbe | None = None
                      ) -> tuple[DataFrame, tuple[int, int, int, list[Any], Any], SourceStats, int | None]:
         """The batch, prepared (one event per key, NULL-key rows flagged), checkpointed in one
         job that also observes (rows, NULL-key rows, delete events, truncate values, the oldest
         event's first sequence value or None when an event has none) and the key ranges.
         With ``drop_late`` (the tombstone filter) the copy holds what it keeps, and the last
-        value is how many keyed rows that is (observed in the same job; None without it)."""
+        value is how many keyed rows that is (observed in the same job; None without it).
+        With ``probe`` the stats also name the target files no key of the batch falls into
+        (observed before late events are dropped: a superset of the MERGE's keys)."""
         if self._spec is None or self._preparer is None:
             observation = Observation()
             frame, _ = materialize(batch_df.observe(observation, F.count(F.lit(1)).alias("rows")), level)
@@ -416,7 +425,10 @@ class MergeSink:
             return frame, (rows, 0, 0, [], None), SourceStats(rows, {}), None
         prepared = self._preparer.prepare(batch_df, max(1, int(spark.sparkContext.defaultParallelism)))
         kept: Observation | None = None
+        presence = Observation() if probe is not None else None
         to_copy = prepared.frame
+        if probe is not None and presence is not None:
+            to_copy = to_copy.observe(presence, probe.aggregate)
         if drop_late is not None:
             kept = Observation()
             to_copy = drop_late(to_copy).observe(kept, F.count(F.when(~F.col(NULL_KEY_FLAG), 1)).alias("rows"))
@@ -426,6 +438,8 @@ class MergeSink:
         # (SCD 2 keeps several, but its MERGE source is built from them later).
         if self._scd_type == 1:
             stats = dataclasses.replace(stats, unique_keys=tuple(self._spec.keys))
+        if probe is not None and presence is not None:
+            stats = dataclasses.replace(stats, absent_files=probe.absent_observed(presence))
         observed = prepared.counts.get
         truncates = [v for v in observed.get("truncates") or [] if v is not None]
         oldest = observed.get("sequenceLo") if not observed.get("sequenceNulls") else None

@@ -7,7 +7,9 @@ Every outcome is read back through delta-rs, independently of our reader.
 from __future__ import annotations
 
 import os
+import shutil
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import deltalake
@@ -15,7 +17,7 @@ import pytest
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from streaming_merge import DeltaTable
+from streaming_merge import DeltaTable, MergeMetrics
 from streaming_merge.errors import (
     ConcurrentModificationError,
     MaterializedSourceLostError,
@@ -25,6 +27,7 @@ from streaming_merge.errors import (
     NotADeltaTableError,
     UnsupportedTableFeatureError,
 )
+from streaming_merge.merge import key_presence
 from streaming_merge.merge.materialize import checkpoint_rdd_id, is_lost_block_error
 
 
@@ -235,19 +238,69 @@ def test_partition_pruning_and_target_only_predicates(spark: SparkSession, table
 
 
 def test_source_key_range_skips_files_outside_it(spark: SparkSession, table_path: str) -> None:
-    # 8 files with disjoint id ranges of 100 ids each.
-    df = spark.range(0, 800, numPartitions=8).select(F.col("id"), F.lit(0).alias("v"))
+    # 8 files with disjoint ranges of 100 ids each; string keys, which only the range prunes.
+    df = spark.range(0, 800, numPartitions=8).select(F.lpad(F.col("id").cast("string"), 3, "0").alias("id"),
+                                                     F.lit(0).alias("v"))
     table = DeltaTable.createFromDataFrame(df, table_path)
-    src = spark.createDataFrame([(250, 1), (260, 1), (5000, 1)], "id long, v int").alias("s")
+    src = spark.createDataFrame([("250", 1), ("260", 1), ("999", 1)], "id string, v int").alias("s")
     metrics = (table.alias("t").merge(src, "t.id = s.id").whenMatchedUpdateAll().whenNotMatchedInsertAll()
                .execute())
     assert metrics["numTargetFilesBeforeSkipping"] == 8
-    assert metrics["numTargetFilesAfterSkipping"] == 6  # 200..799 overlap [250, 5000]
+    assert metrics["numTargetFilesAfterSkipping"] == 6  # 200..799 overlap [250, 999]
     assert metrics["numTargetFilesRemoved"] == 1
     assert metrics["numTargetRowsUpdated"] == 2 and metrics["numTargetRowsInserted"] == 1
     assert metrics["numTargetRowsCopied"] == 98
     result = {r["id"]: r["v"] for r in rows(table_path)}
-    assert len(result) == 801 and result[250] == 1 and result[5000] == 1 and result[251] == 0
+    assert len(result) == 801 and result["250"] == 1 and result["999"] == 1 and result["251"] == 0
+
+
+def _merge_ids(table: DeltaTable, src: DataFrame, **options: Any) -> MergeMetrics:
+    builder = table.alias("t").merge(src.alias("s"), "t.id = s.id")
+    if options:
+        builder = builder.withOptions(**options)
+    return builder.whenMatchedUpdateAll().whenNotMatchedInsertAll().execute()
+
+
+def test_files_whose_key_range_holds_no_source_key_are_skipped(spark: SparkSession, table_path: str) -> None:
+    # Integer keys: each file's own [min, max] is tested against every source key while the source
+    # is materialized. The source's range [250, 5000] overlaps 6 files; only 200..299 holds a key.
+    df = spark.range(0, 800, numPartitions=8).select(F.col("id").cast("int").alias("id"), F.lit(0).alias("v"))
+    DeltaTable.createFromDataFrame(df, table_path)
+    src = spark.createDataFrame([(250, 1), (260, 1), (5000, 1), (None, 1)], "id long, v int")
+    metrics = _merge_ids(DeltaTable.forPath(spark, table_path), src)
+    assert metrics["numTargetFilesBeforeSkipping"] == 8 and metrics["numTargetFilesAfterSkipping"] == 1
+    assert metrics["numTargetFilesRemoved"] == 1 and metrics["numTargetRowsCopied"] == 98
+    assert metrics["numTargetRowsUpdated"] == 2 and metrics["numTargetRowsInserted"] == 2
+    result = sorted((r["id"] if r["id"] is not None else -1, r["v"]) for r in rows(table_path))
+    assert len(result) == 802 and (250, 1) in result and (5000, 1) in result and (-1, 1) in result
+    assert (251, 0) in result and (350, 0) in result
+
+
+def test_key_presence_gives_way_to_the_range_alone_past_its_file_bound(
+        spark: SparkSession, table_path: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    df = spark.range(0, 800, numPartitions=8).select(F.col("id"), F.lit(0).alias("v"))
+    DeltaTable.createFromDataFrame(df, table_path)
+    shutil.copytree(table_path, tmp_path / "copy")
+    src = spark.createDataFrame([(250, 1), (5000, 1)], "id long, v int")
+    monkeypatch.setattr(key_presence, "MAX_PROBED_FILES", 7)
+    by_range = _merge_ids(DeltaTable.forPath(spark, table_path), src)
+    monkeypatch.setattr(key_presence, "MAX_PROBED_FILES", 8)
+    by_presence = _merge_ids(DeltaTable.forPath(spark, str(tmp_path / "copy")), src)
+    assert by_range["numTargetFilesAfterSkipping"] == 6 and by_presence["numTargetFilesAfterSkipping"] == 1
+    assert by_range["numTargetFilesRemoved"] == by_presence["numTargetFilesRemoved"] == 1
+    assert rows(table_path) == rows(str(tmp_path / "copy"))
+
+
+def test_key_presence_compares_extreme_keys_exactly(spark: SparkSession, table_path: str) -> None:
+    # Files at both ends of the long range, and a source key in each: the literals must be exact.
+    low, high = -(2 ** 63), 2 ** 63 - 1
+    df = spark.createDataFrame([(low, 0), (low + 1, 0), (0, 0), (1, 0), (high - 1, 0), (high, 0)], "id long, v int")
+    DeltaTable.createFromDataFrame(df.repartitionByRange(3, "id"), table_path)
+    src = spark.createDataFrame([(low, 1), (high, 1)], "id long, v int")
+    metrics = _merge_ids(DeltaTable.forPath(spark, table_path), src)
+    assert metrics["numTargetFilesBeforeSkipping"] == 3 and metrics["numTargetFilesAfterSkipping"] == 2
+    assert metrics["numTargetRowsUpdated"] == 2
+    assert {r["id"]: r["v"] for r in rows(table_path)} == {low: 1, low + 1: 0, 0: 0, 1: 0, high - 1: 0, high: 1}
 
 
 def test_matched_only_merge_rewrites_only_files_whose_matches_satisfy_a_clause(spark: SparkSession,

@@ -15,7 +15,7 @@ import deltalake
 import pytest
 from pyspark.sql import DataFrame, SparkSession
 
-from streaming_merge import MergeProgressListener, MergeSink
+from streaming_merge import DeltaTable, MergeProgressListener, MergeSink
 from streaming_merge.errors import MergeError, MultipleSourceRowMatchingTargetRowError
 from streaming_merge.merge.materialize import checkpoint_rdd_id
 from streaming_merge.streaming.tombstones import Tombstones
@@ -165,6 +165,27 @@ def test_empty_batch_commits_nothing_but_reports(spark: SparkSession, table_path
     assert deltalake.DeltaTable(table_path).version() == version
     assert sink.lastProgress["batchId"] == 1 and sink.lastProgress["numInputRows"] == 0
     assert sink.lastProgress["skipped"] is False
+
+
+def test_the_batch_finds_which_target_files_its_keys_fall_into_while_materialized(
+        spark: SparkSession, table_path: str) -> None:
+    # 8 files of 100 ids each. The batch's keys span [250, 5000], which overlaps 6 files, but
+    # only the file of 200..299 holds any of them: the MERGE reads and rewrites that one.
+    rows = [{"id": i, "lsn": 1, "op": "c", "name": "a", "amount": i} for i in range(800)]
+    DeltaTable.createFromDataFrame(frame(spark, rows).repartitionByRange(8, "id"), table_path)
+    sink = cdc_sink(table_path)
+    sink(frame(spark, [{"id": 250, "lsn": 2, "op": "u", "name": "b", "amount": -1},
+                       {"id": 260, "lsn": 2, "op": "u", "name": "b", "amount": -1},
+                       {"id": 270, "lsn": 2, "op": "d", "name": None, "amount": None},
+                       {"id": 5000, "lsn": 2, "op": "c", "name": "n", "amount": 5}]), 0)
+    metrics = sink.lastProgress["metrics"]
+    assert metrics["numTargetFilesBeforeSkipping"] == 8 and metrics["numTargetFilesAfterSkipping"] == 1
+    assert metrics["numTargetFilesRemoved"] == 1 and metrics["numTargetRowsCopied"] == 97
+    assert (metrics["numTargetRowsUpdated"], metrics["numTargetRowsDeleted"], metrics["numTargetRowsInserted"]) == \
+        (2, 1, 1)
+    state = {r["id"]: r["amount"] for r in read(table_path)}
+    assert len(state) == 800 and 270 not in state
+    assert (state[250], state[260], state[5000], state[251], state[650]) == (-1, -1, 5, 251, 650)
 
 
 def test_deletes_of_missing_keys_are_harmless(spark: SparkSession, table_path: str) -> None:

@@ -1,0 +1,96 @@
+"""Which target files hold a source key inside their own key range: pruning finer than one
+[min, max] of the whole source.
+
+The source's key range keeps every file it overlaps. A batch that updates recent rows and
+inserts new keys spans from those rows to the newest key, so a table clustered by key keeps
+most of its files although one or two hold a matching row, and findTouchedFiles reads them
+all. Here each file's own [min, max] of the join keys (from the log) is tested against every
+source row inside the job that already reads the source (its materialization, or the stats
+pass over a stable source): one observed array with a flag per file. A file whose flag stays
+0 holds no key any source row has, so no row of it can match. Rows are only ever compared by
+Spark; the driver reads the log's stats and the flags.
+
+Integer keys only: their SQL literals are exact and Spark compares them after the same
+widening the equi-join applies. Other key types keep the [min, max] pruning. Every source row
+costs one comparison per probed file, so at most ``MAX_PROBED_FILES`` files are probed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from pyspark.sql import Column, Observation
+from pyspark.sql import functions as F
+from pyspark.sql.types import IntegralType, StructType
+
+from streaming_merge.merge.skipping import decoded_paths
+from streaming_merge.table.snapshot import Snapshot
+
+MAX_PROBED_FILES = 64
+PRESENCE_ALIAS = "__sm_key_presence__"
+
+
+@dataclass(frozen=True)
+class KeyPresenceProbe:
+    """The observed aggregate (``aggregate``) and the files it reports on, in its order."""
+
+    paths: tuple[str, ...]
+    aggregate: Column
+
+    def absent(self, values: Mapping[str, Any]) -> frozenset[str]:
+        """The probed files no source row's keys fall into. Nothing is absent when the flags
+        are missing (an observation Spark optimized away because its input was empty, which
+        the key ranges already handle)."""
+        flags = values.get(PRESENCE_ALIAS)
+        if flags is None or len(flags) != len(self.paths):
+            return frozenset()
+        return frozenset(path for path, flag in zip(self.paths, flags, strict=True) if flag == 0)
+
+    def absent_observed(self, observation: Observation) -> frozenset[str]:
+        """``absent`` from an observation of ``aggregate``; nothing when it never reported."""
+        try:
+            values = observation.get
+        except Exception:  # Py4JJavaError: the observed subtree was optimized away as empty
+            return frozenset()
+        return self.absent(values)
+
+
+def key_presence_probe(snapshot: Snapshot, key_pairs: Sequence[tuple[str, str]], source_schema: StructType
+                       ) -> KeyPresenceProbe | None:
+    """The probe for ``key_pairs`` (target column, source column) of a key-equality ON
+    condition, or None when no pair is an integer on both sides, fewer than two or more than
+    ``MAX_PROBED_FILES`` files have stats for them, or every file would be kept anyway."""
+    target_types = {f.name: f.dataType for f in snapshot.schema.fields}
+    source_types = {f.name: f.dataType for f in source_schema.fields}
+    partition_columns = set(snapshot.partition_columns)
+    stats = snapshot.stats
+    usable = [(t, s) for t, s in key_pairs
+              if t not in partition_columns and isinstance(target_types.get(t), IntegralType)
+              and isinstance(source_types.get(s), IntegralType)
+              and f"min.{t}" in stats.column_names and f"max.{t}" in stats.column_names]
+    if not usable or stats.num_rows < 2:
+        return None
+    bounds = [(s, stats.column(f"min.{t}").to_pylist(), stats.column(f"max.{t}").to_pylist()) for t, s in usable]
+    paths: list[str] = []
+    conditions: list[str] = []
+    for row, path in enumerate(decoded_paths(stats)):
+        parts = [f"{_quoted(s)} BETWEEN {_literal(lows[row])} AND {_literal(highs[row])}"
+                 for s, lows, highs in bounds if lows[row] is not None and highs[row] is not None]
+        if parts:
+            paths.append(path)
+            conditions.append(" AND ".join(parts))
+    if not paths or len(paths) > MAX_PROBED_FILES:
+        return None
+    flags = ", ".join(f"max(CASE WHEN {condition} THEN 1 ELSE 0 END)" for condition in conditions)
+    return KeyPresenceProbe(tuple(paths), F.expr(f"array({flags})").alias(PRESENCE_ALIAS))
+
+
+def _quoted(name: str) -> str:
+    return "`" + name.replace("`", "``") + "`"
+
+
+def _literal(value: int) -> str:
+    # A cast of the integer text, not an ``L`` suffix: the smallest long has no positive twin.
+    return f"CAST({int(value)} AS BIGINT)"
