@@ -286,8 +286,8 @@ def test_after_a_lookup_of_most_tombstones_the_next_batch_drops_late_events_whil
 def test_after_a_batch_that_touched_every_candidate_the_next_skips_find_touched_files(
         spark: SparkSession, tmp_path: Path) -> None:
     path = str(tmp_path / "touch_all")
-    DeltaTable.createFromDataFrame(
-        spark.createDataFrame([(i, 1, "c", "a") for i in range(100)], CDC_SCHEMA).repartitionByRange(4, "id"), path)
+    DeltaTable.createFromDataFrame(spark.createDataFrame([(i, 1, "c", "a") for i in range(100) if i != 60], CDC_SCHEMA)
+                                   .repartitionByRange(4, "id"), path)
     sink = MergeSink(path, keys="id", sequence_by="lsn", delete_when="op = 'd'", app_id="touch-all")
 
     def batch(rows: list[tuple[Any, ...]], batch_id: int) -> tuple[dict[str, Any], dict[str, int]]:
@@ -297,19 +297,21 @@ def test_after_a_batch_that_touched_every_candidate_the_next_skips_find_touched_
         assert progress is not None
         return progress["metrics"], {name: stats.jobs for name, stats in profile.phases.items()}
 
-    # Keys 0..99 in 4 files by range: keys 1 and 30 touch both files of the range [1, 30].
+    # Keys 0..99 but 60 in 4 files by range: keys 1 and 30 touch both files of the range [1, 30].
     metrics, jobs = batch([(1, 2, "u", "b"), (30, 2, "u", "b")], 0)
     assert jobs["findTouchedFiles"] >= 1
     assert metrics["numTargetFilesRemoved"] == metrics["numTargetFilesAfterSkipping"] == 2
     # So the next batch rewrites every candidate without the scan, though it leaves one of them
-    # (keys 50..74) untouched: that file's rows are copied, and the table is what the scan makes.
-    metrics, jobs = batch([(2, 4, "u", "d"), (3, 4, "d", None), (90, 4, "u", "d"), (500, 4, "c", "new")], 1)
+    # untouched (keys 50..74, whose range holds the new key 60 but no row of it matches): that
+    # file's rows are copied, and the table is what the scan makes.
+    metrics, jobs = batch([(2, 4, "u", "d"), (3, 4, "d", None), (60, 4, "c", "new60"), (90, 4, "u", "d"),
+                           (500, 4, "c", "new")], 1)
     assert jobs.get("findTouchedFiles", 0) == 0
     assert metrics["numTargetFilesRemoved"] == metrics["numTargetFilesAfterSkipping"] == 3
     assert (metrics["numTargetRowsUpdated"], metrics["numTargetRowsDeleted"], metrics["numTargetRowsInserted"],
-            metrics["numTargetRowsCopied"], metrics["numSourceRows"]) == (2, 1, 1, 97, 4)
+            metrics["numTargetRowsCopied"], metrics["numSourceRows"]) == (2, 1, 2, 96, 5)
     table = by_id(path)
-    assert [table[k]["v"] for k in (1, 2, 60, 90, 500)] == ["b", "d", "a", "d", "new"]
+    assert [table[k]["v"] for k in (1, 2, 60, 61, 90, 500)] == ["b", "d", "new60", "a", "d", "new"]
     assert 3 not in table and len(table) == 100
     # Every PROBE_TOUCHED_EVERY-th batch of such a run scans again, to notice keys that stop
     # touching every candidate.
@@ -328,13 +330,14 @@ def test_small_candidate_files_are_rewritten_whole_without_find_touched_files(
     def run(name: str) -> tuple[dict[str, Any], dict[str, int], str]:
         path = str(tmp_path / name)
         DeltaTable.createFromDataFrame(
-            spark.createDataFrame([(i, 1, "c", "a") for i in range(100)], CDC_SCHEMA).repartitionByRange(4, "id"),
-            path)
+            spark.createDataFrame([(i, 1, "c", "a") for i in range(100) if i != 80], CDC_SCHEMA)
+            .repartitionByRange(4, "id"), path)
         sink = MergeSink(path, keys="id", sequence_by="lsn", delete_when="op = 'd'", app_id=name)
-        # Keys 0..99 in 4 files by range: the batch's range [1, 500] overlaps all 4; it touches 3.
+        # Keys 0..99 but 80 in 4 files by range: the batch has a key in the range of each (80 is
+        # new, so that file is not touched); it touches 3.
         with profiling() as profile:
             sink(spark.createDataFrame([(1, 2, "u", "b"), (30, 2, "d", None), (60, 2, "u", "b"),
-                                        (500, 2, "c", "new")], CDC_SCHEMA), 0)
+                                        (80, 2, "c", "new80"), (500, 2, "c", "new")], CDC_SCHEMA), 0)
         progress = sink.lastProgress
         assert progress is not None
         return progress["metrics"], {n: stats.jobs for n, stats in profile.phases.items()}, path
@@ -343,7 +346,7 @@ def test_small_candidate_files_are_rewritten_whole_without_find_touched_files(
     assert jobs.get("findTouchedFiles", 0) == 0
     assert metrics["numTargetFilesRemoved"] == metrics["numTargetFilesAfterSkipping"] == 4
     assert (metrics["numTargetRowsUpdated"], metrics["numTargetRowsDeleted"], metrics["numTargetRowsInserted"],
-            metrics["numTargetRowsCopied"]) == (2, 1, 1, 97)
+            metrics["numTargetRowsCopied"]) == (2, 1, 2, 96)
     small = by_id(path)
 
     monkeypatch.setattr(sink_module, "SMALL_CANDIDATES_BYTES", 1)
@@ -351,9 +354,10 @@ def test_small_candidate_files_are_rewritten_whole_without_find_touched_files(
     assert jobs["findTouchedFiles"] >= 1
     assert (metrics["numTargetFilesAfterSkipping"], metrics["numTargetFilesRemoved"]) == (4, 3)
     assert (metrics["numTargetRowsUpdated"], metrics["numTargetRowsDeleted"], metrics["numTargetRowsInserted"],
-            metrics["numTargetRowsCopied"]) == (2, 1, 1, 72)
+            metrics["numTargetRowsCopied"]) == (2, 1, 2, 72)
     assert by_id(path) == small
-    assert 30 not in small and (small[1]["v"], small[60]["v"], small[500]["v"], small[2]["v"]) == ("b", "b", "new", "a")
+    assert 30 not in small and (small[1]["v"], small[60]["v"], small[500]["v"], small[2]["v"], small[80]["v"]) == \
+        ("b", "b", "new", "a", "new80")
     assert len(small) == 100
 
 
