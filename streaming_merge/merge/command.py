@@ -24,7 +24,7 @@ from streaming_merge._profile import phase
 from streaming_merge._spark_conf import temporary_conf
 from streaming_merge.errors import MaterializedSourceLostError, MergeAssignmentOverflowError
 from streaming_merge.merge.clauses import ClauseSet, MergeClause, expr_text
-from streaming_merge.merge.key_presence import KeyPresenceProbe, key_presence_probe
+from streaming_merge.merge.key_presence import DEFAULT_KEY_PRESENCE_MAX_FILES, KeyPresenceProbe, key_presence_probe
 from streaming_merge.merge.materialize import (
     DEFAULT_STORAGE_LEVELS,
     MaterializePolicy,
@@ -121,6 +121,11 @@ class MergeOptions:
     # when the source's rows plus the candidate files' rows (the log's numRecords) are known and
     # at most this many: a new query's first MERGE then compiles no Java. 0: always generated code.
     interpreted_max_rows: int = DEFAULT_INTERPRETED_MAX_ROWS
+    # Data skipping by key presence (streaming_merge.merge.key_presence): while the source is
+    # materialized or counted, each target file's own [min, max] of the integer join keys is
+    # tested against every source row, for tables of up to this many files with such stats
+    # (each costs one comparison per source row). 0: the source's key range alone.
+    key_presence_max_files: int = DEFAULT_KEY_PRESENCE_MAX_FILES
     # Called with a phase name and the (materialized) source between phases; for
     # diagnostics and fault-injection tests.
     phase_hook: PhaseHook | None = field(default=None, compare=False)
@@ -143,6 +148,8 @@ class MergeOptions:
             raise ValueError(f"broadcast_scan_min_bytes must be 0 or more bytes, got {self.broadcast_scan_min_bytes}")
         if self.interpreted_max_rows < 0:
             raise ValueError(f"interpreted_max_rows must be 0 or more rows, got {self.interpreted_max_rows}")
+        if self.key_presence_max_files < 0:
+            raise ValueError(f"key_presence_max_files must be 0 or more files, got {self.key_presence_max_files}")
         if self.min_parallel_file_size < 1:
             raise ValueError("min_parallel_file_size must be a positive number of bytes, "
                              f"got {self.min_parallel_file_size}")
@@ -257,7 +264,7 @@ def _run_once(spark: SparkSession, request: MergeRequest, clauses: ClauseSet, at
     held: list[DataFrame] = []  # checkpoints of this attempt, released at the end
     try:
         probe = (key_presence_probe(snapshot, [(t, s) for t, s in pairs if s in range_columns],
-                                    request.source.schema)
+                                    request.source.schema, options.key_presence_max_files)
                  if range_columns and not resolved.not_matched_by_source else None)
         source, stats = _prepare_source(spark, request, clauses, level if materializing else None, range_columns,
                                         held, probe)

@@ -12,7 +12,8 @@ Spark; the driver reads the log's stats and the flags.
 
 Integer keys only: their SQL literals are exact and Spark compares them after the same
 widening the equi-join applies. Other key types keep the [min, max] pruning. Every source row
-costs one comparison per probed file, so at most ``MAX_PROBED_FILES`` files are probed.
+costs one comparison per probed file, so tables with more files than the bound
+(``MergeOptions.key_presence_max_files``) are not probed.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from pyspark.sql.types import IntegralType, StructType
 from streaming_merge.merge.skipping import decoded_paths
 from streaming_merge.table.snapshot import Snapshot
 
-MAX_PROBED_FILES = 64
+DEFAULT_KEY_PRESENCE_MAX_FILES = 64
 PRESENCE_ALIAS = "__sm_key_presence__"
 
 
@@ -57,11 +58,11 @@ class KeyPresenceProbe:
         return self.absent(values)
 
 
-def key_presence_probe(snapshot: Snapshot, key_pairs: Sequence[tuple[str, str]], source_schema: StructType
-                       ) -> KeyPresenceProbe | None:
+def key_presence_probe(snapshot: Snapshot, key_pairs: Sequence[tuple[str, str]], source_schema: StructType,
+                       max_files: int = DEFAULT_KEY_PRESENCE_MAX_FILES) -> KeyPresenceProbe | None:
     """The probe for ``key_pairs`` (target column, source column) of a key-equality ON
-    condition, or None when no pair is an integer on both sides, fewer than two or more than
-    ``MAX_PROBED_FILES`` files have stats for them, or every file would be kept anyway."""
+    condition, or None when no pair is an integer on both sides, or the table has fewer than
+    two files or more than ``max_files``."""
     target_types = {f.name: f.dataType for f in snapshot.schema.fields}
     source_types = {f.name: f.dataType for f in source_schema.fields}
     partition_columns = set(snapshot.partition_columns)
@@ -70,7 +71,7 @@ def key_presence_probe(snapshot: Snapshot, key_pairs: Sequence[tuple[str, str]],
               if t not in partition_columns and isinstance(target_types.get(t), IntegralType)
               and isinstance(source_types.get(s), IntegralType)
               and f"min.{t}" in stats.column_names and f"max.{t}" in stats.column_names]
-    if not usable or stats.num_rows < 2:
+    if not usable or not 2 <= stats.num_rows <= max_files:
         return None
     bounds = [(s, stats.column(f"min.{t}").to_pylist(), stats.column(f"max.{t}").to_pylist()) for t, s in usable]
     paths: list[str] = []
@@ -81,7 +82,7 @@ def key_presence_probe(snapshot: Snapshot, key_pairs: Sequence[tuple[str, str]],
         if parts:
             paths.append(path)
             conditions.append(" AND ".join(parts))
-    if not paths or len(paths) > MAX_PROBED_FILES:
+    if not paths:
         return None
     flags = ", ".join(f"max(CASE WHEN {condition} THEN 1 ELSE 0 END)" for condition in conditions)
     return KeyPresenceProbe(tuple(paths), F.expr(f"array({flags})").alias(PRESENCE_ALIAS))

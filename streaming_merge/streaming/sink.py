@@ -306,7 +306,8 @@ class MergeSink:
         materialize_started = time.monotonic()
         with interpreted_if_small(spark, rows_of([rows_at_most, *(_file_rows(tombstone_snapshot) if early else [])]),
                                   self._merge_options.interpreted_max_rows):
-            probe = (key_presence_probe(snapshot, [(k, k) for k in self._spec.keys], batch_df.schema)
+            probe = (key_presence_probe(snapshot, [(k, k) for k in self._spec.keys], batch_df.schema,
+                                        self._merge_options.key_presence_max_files)
                      if snapshot is not None and self._spec is not None and self._joins_on_keys else None)
             batch, counts, stats, kept_rows = self._materialize(spark, batch_df, level, early, probe)
         recording: BackgroundCall | None = None

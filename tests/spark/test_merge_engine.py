@@ -27,7 +27,6 @@ from streaming_merge.errors import (
     NotADeltaTableError,
     UnsupportedTableFeatureError,
 )
-from streaming_merge.merge import key_presence
 from streaming_merge.merge.materialize import checkpoint_rdd_id, is_lost_block_error
 
 
@@ -277,17 +276,17 @@ def test_files_whose_key_range_holds_no_source_key_are_skipped(spark: SparkSessi
 
 
 def test_key_presence_gives_way_to_the_range_alone_past_its_file_bound(
-        spark: SparkSession, table_path: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        spark: SparkSession, table_path: str, tmp_path: Path) -> None:
     df = spark.range(0, 800, numPartitions=8).select(F.col("id"), F.lit(0).alias("v"))
     DeltaTable.createFromDataFrame(df, table_path)
     shutil.copytree(table_path, tmp_path / "copy")
     src = spark.createDataFrame([(250, 1), (5000, 1)], "id long, v int")
-    monkeypatch.setattr(key_presence, "MAX_PROBED_FILES", 7)
-    by_range = _merge_ids(DeltaTable.forPath(spark, table_path), src)
-    monkeypatch.setattr(key_presence, "MAX_PROBED_FILES", 8)
-    by_presence = _merge_ids(DeltaTable.forPath(spark, str(tmp_path / "copy")), src)
+    by_range = _merge_ids(DeltaTable.forPath(spark, table_path), src, key_presence_max_files=7)
+    by_presence = _merge_ids(DeltaTable.forPath(spark, str(tmp_path / "copy")), src, key_presence_max_files=8)
     assert by_range["numTargetFilesAfterSkipping"] == 6 and by_presence["numTargetFilesAfterSkipping"] == 1
     assert by_range["numTargetFilesRemoved"] == by_presence["numTargetFilesRemoved"] == 1
+    with pytest.raises(ValueError, match="key_presence_max_files must be 0 or more files, got -1"):
+        _merge_ids(DeltaTable.forPath(spark, table_path), src, key_presence_max_files=-1)
     assert rows(table_path) == rows(str(tmp_path / "copy"))
 
 
