@@ -340,10 +340,12 @@ def _prepare_source(spark: SparkSession, request: MergeRequest, clauses: ClauseS
     An insert-only MERGE over a source that is neither materialized nor stable gets no key
     ranges: they would come from a different read than the one that inserts."""
     supplied = request.options.source_stats
-    extra = [probe.aggregate] if probe is not None else []
+    masked = probe.with_masks(request.source) if probe is not None else request.source
+    extra = probe.aggregates if probe is not None else []
     if level is not None:
         with phase(spark, "materialize", "MERGE operation - materializing source"):
-            source, values = materialize(request.source, level, [*source_stats_columns(range_columns), *extra])
+            source, values = materialize(masked, level, [*source_stats_columns(range_columns), *extra],
+                                         drop=probe.mask_columns if probe is not None else ())
             held.append(source)
             return source, _with_absent_files(source_stats_of(values, range_columns), probe, values)
     if supplied is not None and supplied.covers(range_columns):
@@ -351,7 +353,7 @@ def _prepare_source(spark: SparkSession, request: MergeRequest, clauses: ClauseS
     if clauses.is_insert_only and not (range_columns and is_stable(request.source)):
         return request.source, None
     with phase(spark, "sourceStats", "MERGE operation - counting source rows"):
-        stats, values = compute_source_stats(request.source, range_columns, extra)
+        stats, values = compute_source_stats(masked, range_columns, extra)
         return request.source, _with_absent_files(stats, probe, values)
 
 

@@ -6,13 +6,19 @@ inserts new keys spans from those rows to the newest key, so a table clustered b
 most of its files although one or two hold a matching row, and findTouchedFiles reads them
 all. Here each file's own [min, max] of the join keys (from the log) is tested against every
 source row inside the job that already reads the source (its materialization, or the stats
-pass over a stable source): one observed array with a flag per file. A file whose flag stays
-0 holds no key any source row has, so no row of it can match. Rows are only ever compared by
-Spark; the driver reads the log's stats and the flags.
+pass over a stable source). A file no source row falls into holds no key any source row has,
+so no row of it can match. Rows are only ever compared by Spark; the driver reads the log's
+stats and a few observed numbers.
+
+How it is computed, measured on 20 files (the first shape was 20 observed ``max(CASE ...)``
+aggregates, +100 ms per MERGE at 1k source rows and +280 ms at 100k): a projection, which
+Spark compiles into the scan's generated code, gives each row a bit mask of the files whose
+ranges hold its keys (63 files per ``bigint``), and the observation only ORs the masks
+(``bit_or``): about +50 ms at either size. The masks are dropped again before the copy.
 
 Integer keys only: their SQL literals are exact and Spark compares them after the same
 widening the equi-join applies. Other key types keep the [min, max] pruning. Every source row
-costs one comparison per probed file, so tables with more files than the bound
+costs two comparisons per probed file, so tables with more files than the bound
 (``MergeOptions.key_presence_max_files``) are not probed.
 """
 
@@ -22,7 +28,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from pyspark.sql import Column, Observation
+from pyspark.sql import Column, DataFrame, Observation
 from pyspark.sql import functions as F
 from pyspark.sql.types import IntegralType, StructType
 
@@ -30,27 +36,47 @@ from streaming_merge.merge.skipping import decoded_paths
 from streaming_merge.table.snapshot import Snapshot
 
 DEFAULT_KEY_PRESENCE_MAX_FILES = 64
-PRESENCE_ALIAS = "__sm_key_presence__"
+_BITS = 63  # files per mask: the sign bit stays clear, so the OR is also a plain sum
+_MASK_PREFIX = "__sm_key_presence_"
 
 
 @dataclass(frozen=True)
 class KeyPresenceProbe:
-    """The observed aggregate (``aggregate``) and the files it reports on, in its order."""
+    """The files probed, in bit order, and the SQL of each mask (one per ``_BITS`` files)."""
 
     paths: tuple[str, ...]
-    aggregate: Column
+    mask_sql: tuple[str, ...]
+
+    @property
+    def mask_columns(self) -> list[str]:
+        return [f"{_MASK_PREFIX}{i}__" for i in range(len(self.mask_sql))]
+
+    @property
+    def aggregates(self) -> list[Column]:
+        """What to observe (or aggregate) over ``with_masks(frame)``."""
+        return [F.bit_or(F.col(name)).alias(name) for name in self.mask_columns]
+
+    def with_masks(self, frame: DataFrame) -> DataFrame:
+        """``frame`` plus the mask columns; drop them (``mask_columns``) once observed."""
+        return frame.select("*", *[F.expr(sql).alias(name) for sql, name in zip(self.mask_sql, self.mask_columns,
+                                                                                 strict=True)])
+
+    def observed(self, frame: DataFrame, observation: Observation) -> DataFrame:
+        """``frame`` as it was, its rows' masks ORed into ``observation``."""
+        return self.with_masks(frame).observe(observation, *self.aggregates).drop(*self.mask_columns)
 
     def absent(self, values: Mapping[str, Any]) -> frozenset[str]:
-        """The probed files no source row's keys fall into. Nothing is absent when the flags
-        are missing (an observation Spark optimized away because its input was empty, which
-        the key ranges already handle)."""
-        flags = values.get(PRESENCE_ALIAS)
-        if flags is None or len(flags) != len(self.paths):
+        """The probed files no source row's keys fall into. Nothing is absent when a mask is
+        missing (an observation Spark optimized away because its input was empty, which the
+        key ranges already handle)."""
+        masks = [values.get(name) for name in self.mask_columns]
+        if any(mask is None for mask in masks):
             return frozenset()
-        return frozenset(path for path, flag in zip(self.paths, flags, strict=True) if flag == 0)
+        return frozenset(path for bit, path in enumerate(self.paths)
+                         if not int(masks[bit // _BITS]) >> (bit % _BITS) & 1)
 
     def absent_observed(self, observation: Observation) -> frozenset[str]:
-        """``absent`` from an observation of ``aggregate``; nothing when it never reported."""
+        """``absent`` from an observation of ``aggregates``; nothing when it never reported."""
         try:
             values = observation.get
         except Exception:  # Py4JJavaError: the observed subtree was optimized away as empty
@@ -77,15 +103,17 @@ def key_presence_probe(snapshot: Snapshot, key_pairs: Sequence[tuple[str, str]],
     paths: list[str] = []
     conditions: list[str] = []
     for row, path in enumerate(decoded_paths(stats)):
-        parts = [f"{_quoted(s)} BETWEEN {_literal(lows[row])} AND {_literal(highs[row])}"
+        parts = [f"{_quoted(s)} >= {_literal(lows[row])} AND {_quoted(s)} <= {_literal(highs[row])}"
                  for s, lows, highs in bounds if lows[row] is not None and highs[row] is not None]
         if parts:
             paths.append(path)
             conditions.append(" AND ".join(parts))
     if not paths:
         return None
-    flags = ", ".join(f"max(CASE WHEN {condition} THEN 1 ELSE 0 END)" for condition in conditions)
-    return KeyPresenceProbe(tuple(paths), F.expr(f"array({flags})").alias(PRESENCE_ALIAS))
+    masks = tuple(" + ".join(f"IF({condition}, {1 << (bit % _BITS)}L, 0L)"
+                             for bit, condition in enumerate(conditions) if bit // _BITS == chunk)
+                  for chunk in range(-(-len(conditions) // _BITS)))
+    return KeyPresenceProbe(tuple(paths), masks)
 
 
 def _quoted(name: str) -> str:

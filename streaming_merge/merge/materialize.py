@@ -91,14 +91,18 @@ def should_materialize(policy: MaterializePolicy, source: DataFrame, insert_only
     return not is_stable(source)
 
 
-def materialize(source: DataFrame, level_name: str, observed: Sequence[Column] = ()
+def materialize(source: DataFrame, level_name: str, observed: Sequence[Column] = (), drop: Sequence[str] = ()
                 ) -> tuple[DataFrame, dict[str, Any]]:
     """Eager local checkpoint of ``source`` at the given storage level, with the aggregates
-    ``observed`` computed in the same job (one pass over the source, not one per question)."""
+    ``observed`` computed in the same job (one pass over the source, not one per question);
+    the columns ``drop`` served the aggregates only and are not copied."""
     if not observed:
         return source.localCheckpoint(eager=True, storageLevel=storage_level(level_name)), {}
     observation = Observation()
-    frame = source.observe(observation, *observed).localCheckpoint(eager=True, storageLevel=storage_level(level_name))
+    frame = source.observe(observation, *observed)
+    if drop:
+        frame = frame.drop(*drop)
+    frame = frame.localCheckpoint(eager=True, storageLevel=storage_level(level_name))
     return frame, dict(observation.get)
 
 

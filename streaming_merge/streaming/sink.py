@@ -306,9 +306,12 @@ class MergeSink:
         materialize_started = time.monotonic()
         with interpreted_if_small(spark, rows_of([rows_at_most, *(_file_rows(tombstone_snapshot) if early else [])]),
                                   self._merge_options.interpreted_max_rows):
+            # Not while the batches touch every candidate anyway (the streak that also skips
+            # findTouchedFiles): the probe would find no file to drop and costs ~30-50 ms.
             probe = (key_presence_probe(snapshot, [(k, k) for k in self._spec.keys], batch_df.schema,
                                         self._merge_options.key_presence_max_files)
-                     if snapshot is not None and self._spec is not None and self._joins_on_keys else None)
+                     if snapshot is not None and self._spec is not None and self._joins_on_keys
+                     and not self._all_touched_streak % PROBE_TOUCHED_EVERY else None)
             batch, counts, stats, kept_rows = self._materialize(spark, batch_df, level, early, probe)
         recording: BackgroundCall | None = None
         execution = contextlib.ExitStack()
@@ -429,7 +432,7 @@ class MergeSink:
         presence = Observation() if probe is not None else None
         to_copy = prepared.frame
         if probe is not None and presence is not None:
-            to_copy = to_copy.observe(presence, probe.aggregate)
+            to_copy = probe.observed(to_copy, presence)
         if drop_late is not None:
             kept = Observation()
             to_copy = drop_late(to_copy).observe(kept, F.count(F.when(~F.col(NULL_KEY_FLAG), 1)).alias("rows"))
