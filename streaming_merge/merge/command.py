@@ -56,12 +56,13 @@ from streaming_merge.merge.rewrite import (
 from streaming_merge.merge.skipping import (
     ColumnScope,
     SkippingPlan,
+    SkippingTemplate,
     SourceStats,
     compute_source_stats,
     key_pairs,
     matches_by_key,
-    plan_skipping,
     skipping_key_pairs,
+    skipping_template,
     source_stats_columns,
     source_stats_of,
 )
@@ -259,7 +260,8 @@ def _run_once(spark: SparkSession, request: MergeRequest, clauses: ClauseSet, at
 
     options = request.options
     with phase(spark, "resolve"):
-        resolved, pairs, range_columns = _resolve(spark, request, clauses, snapshot)
+        resolution = _resolve(spark, request, clauses, snapshot)
+        resolved, pairs, range_columns = resolution.resolved, resolution.pairs, resolution.range_columns
     hook = options.phase_hook or (lambda phase_name, frame: None)
     held: list[DataFrame] = []  # checkpoints of this attempt, released at the end
     try:
@@ -268,23 +270,32 @@ def _run_once(spark: SparkSession, request: MergeRequest, clauses: ClauseSet, at
                  if range_columns and not resolved.not_matched_by_source else None)
         source, stats = _prepare_source(spark, request, clauses, level if materializing else None, range_columns,
                                         held, probe)
-        return _merge(spark, request, snapshot, resolved, source, stats, pairs, level, held, hook, attempt,
-                      started)
+        return _merge(spark, request, snapshot, resolution, source, stats, level, held, hook, attempt, started)
     finally:
         for frame in held:
             release(frame)
 
 
+@dataclass(frozen=True)
+class _Resolution:
+    """Everything a MERGE takes from its schemas, aliases, condition and clauses alone."""
+
+    resolved: ResolvedMerge
+    pairs: list[tuple[str, str]]  # equi-join key pairs (target, source)
+    range_columns: list[str]  # source columns whose ranges prune files
+    skipping: SkippingTemplate
+    by_key: bool  # skipping.matches_by_key of the ON condition
+
+
 _RESOLVED_CACHE_SIZE = 32
-_resolved_cache: OrderedDict[tuple[Any, ...], tuple[ResolvedMerge, list[tuple[str, str]], list[str]]] = (
-    OrderedDict())
+_resolved_cache: OrderedDict[tuple[Any, ...], _Resolution] = OrderedDict()
 _resolved_lock = threading.Lock()
 
 
-def _resolve(spark: SparkSession, request: MergeRequest, clauses: ClauseSet, snapshot: Snapshot
-             ) -> tuple[ResolvedMerge, list[tuple[str, str]], list[str]]:
-    """The resolved MERGE, its equi-join key pairs and the source columns whose ranges prune
-    files; remembered for the next MERGE of the same shape.
+def _resolve(spark: SparkSession, request: MergeRequest, clauses: ClauseSet, snapshot: Snapshot) -> _Resolution:
+    """The resolved MERGE, its equi-join key pairs, the source columns whose ranges prune
+    files and the skipping predicates of its conditions; remembered for the next MERGE of the
+    same shape.
 
     A streaming sink runs the same MERGE every micro-batch and resolving it is one Spark
     analysis per output column per clause (tens to hundreds of milliseconds). Resolution
@@ -306,7 +317,11 @@ def _resolve(spark: SparkSession, request: MergeRequest, clauses: ClauseSet, sna
     pairs = key_pairs(request.condition, scope)
     range_columns = ([s for _, s in skipping_key_pairs(request.condition, scope, snapshot.schema)]
                      if request.options.source_key_range_skipping else [])
-    result = (resolved, pairs, range_columns)
+    matched_conditions = ([c.condition for c in resolved.matched] if clauses.is_matched_only
+                          and all(c.condition is not None for c in resolved.matched) else None)
+    template = skipping_template(scope, snapshot.schema, request.condition, matched_conditions,  # type: ignore[arg-type]
+                                 bool(resolved.not_matched_by_source))
+    result = _Resolution(resolved, pairs, range_columns, template, matches_by_key(request.condition, scope))
     if key is not None:
         with _resolved_lock:
             _resolved_cache[key] = result
@@ -363,9 +378,10 @@ def _with_absent_files(stats: SourceStats, probe: KeyPresenceProbe | None, value
     return replace(stats, absent_files=probe.absent(values))
 
 
-def _merge(spark: SparkSession, request: MergeRequest, snapshot: Snapshot, resolved: ResolvedMerge,
-           source: DataFrame, stats: SourceStats | None, pairs: list[tuple[str, str]], level: str,
+def _merge(spark: SparkSession, request: MergeRequest, snapshot: Snapshot, resolution: _Resolution,
+           source: DataFrame, stats: SourceStats | None, level: str,
            held: list[DataFrame], hook: PhaseHook, attempt: int, started: float) -> MergeMetrics:
+    resolved, pairs = resolution.resolved, resolution.pairs
     clauses, options = resolved.clauses, request.options
     metrics: dict[str, int] = {
         "numTargetFilesBeforeSkipping": len(snapshot.files),
@@ -373,12 +389,7 @@ def _merge(spark: SparkSession, request: MergeRequest, snapshot: Snapshot, resol
     }
     scan_started = time.monotonic()
     with phase(spark, "skipping"):
-        scope = ColumnScope(request.target_alias, request.source_alias, [f.name for f in snapshot.schema.fields],
-                            request.source.columns)
-        matched_conditions = ([c.condition for c in resolved.matched] if clauses.is_matched_only
-                              and all(c.condition is not None for c in resolved.matched) else None)
-        skipping = plan_skipping(scope, snapshot.schema, request.condition, matched_conditions,  # type: ignore[arg-type]
-                                 bool(resolved.not_matched_by_source), stats)
+        skipping = resolution.skipping.plan(stats)
         candidates = skipping.select(spark, snapshot, snapshot.files)
     metrics["numTargetFilesAfterSkipping"] = len(candidates)
     metrics["numTargetBytesAfterSkipping"] = sum(f.size for f in candidates)
@@ -401,7 +412,7 @@ def _merge(spark: SparkSession, request: MergeRequest, snapshot: Snapshot, resol
                 map_side = broadcast and bool(resolved.not_matched) and not resolved.not_matched_by_source
                 broadcast_scan = (broadcast and not resolved.not_matched_by_source
                                   and metrics["numTargetBytesAfterSkipping"] >= options.broadcast_scan_min_bytes
-                                  and (not map_side or matches_by_key(request.condition, scope)))
+                                  and (not map_side or resolution.by_key))
                 with phase(spark, "findTouchedFiles", "MERGE operation - scanning files for matches"):
                     touched = find_touched_files(spark, snapshot, candidates, source, resolved, pairs,
                                                  keep_unmatched_source=level if map_side else None,

@@ -436,18 +436,44 @@ class SkippingPlan:
         return result
 
 
-def plan_skipping(
+@dataclass(frozen=True)
+class SkippingTemplate:
+    """What skipping takes from the ON and MATCHED conditions, which a MERGE repeated every
+    micro-batch shares: reading them goes through Spark's parser (tens of py4j round trips),
+    so it is done once per resolution; each MERGE adds its source's statistics (``plan``)."""
+
+    target_only: Sequence[Any]  # Catalyst expression nodes
+    key_pairs: Sequence[tuple[str, str]]  # (target, source) columns whose ranges prune
+    scope: ColumnScope
+    schema: StructType
+    skip_nothing: bool
+
+    def plan(self, source_stats: SourceStats | None) -> SkippingPlan:
+        """The plan for one MERGE; the source's key ranges are used when ``source_stats`` has
+        them (they are trusted only for a source read once or stable)."""
+        if self.skip_nothing:
+            return SkippingPlan((), (), self.scope, self.schema, skip_nothing=True)
+        ranges: list[tuple[str, Any, Any, bool]] = []
+        if source_stats is not None:
+            for t, s in self.key_pairs:
+                if s in source_stats.ranges:
+                    low, high = source_stats.ranges[s]
+                    ranges.append((t, low, high, low is not None))
+        absent = source_stats.absent_files if source_stats is not None else frozenset()
+        return SkippingPlan(self.target_only, ranges, self.scope, self.schema, skip_nothing=False,
+                            absent_files=absent)
+
+
+def skipping_template(
     scope: ColumnScope,
     target_schema: StructType,
     condition: Column,
     matched_conditions: Sequence[Column] | None,
     has_not_matched_by_source: bool,
-    source_stats: SourceStats | None,
-) -> SkippingPlan:
-    """Work out the skipping predicates; the source's key ranges are used when
-    ``source_stats`` has them (they are trusted only for a source read once or stable)."""
+) -> SkippingTemplate:
+    """Work out the skipping predicates of a MERGE's conditions."""
     if has_not_matched_by_source:
-        return SkippingPlan((), (), scope, target_schema, skip_nothing=True)
+        return SkippingTemplate((), (), scope, target_schema, skip_nothing=True)
     target_only = target_only_conjuncts([condition], scope)
     if matched_conditions:
         combined = matched_conditions[0]
@@ -456,11 +482,5 @@ def plan_skipping(
         combined_node = catalyst(combined)
         if scope.is_target_only(combined_node):
             target_only.append(combined_node)
-    ranges: list[tuple[str, Any, Any, bool]] = []
-    if source_stats is not None:
-        for t, s in skipping_key_pairs(condition, scope, target_schema):
-            if s in source_stats.ranges:
-                low, high = source_stats.ranges[s]
-                ranges.append((t, low, high, low is not None))
-    absent = source_stats.absent_files if source_stats is not None else frozenset()
-    return SkippingPlan(target_only, ranges, scope, target_schema, skip_nothing=False, absent_files=absent)
+    return SkippingTemplate(target_only, skipping_key_pairs(condition, scope, target_schema), scope, target_schema,
+                            skip_nothing=False)

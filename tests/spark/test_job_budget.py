@@ -127,7 +127,7 @@ def test_resolution_is_reused_across_python_wrappers_of_one_session(
 
     upsert(spark, [(1, 1, "first")], "a")
     cached = len(command._resolved_cache)
-    resolved = next(reversed(command._resolved_cache.values()))[0]  # the one just used
+    resolved = next(reversed(command._resolved_cache.values())).resolved  # the one just used
     derived = dict(resolved.derived)  # the rewrite's action codes, outputs and counts
     assert derived
     wrapper = SparkSession(spark.sparkContext, spark._jsparkSession)
