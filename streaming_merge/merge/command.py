@@ -355,11 +355,18 @@ def _prepare_source(spark: SparkSession, request: MergeRequest, clauses: ClauseS
     An insert-only MERGE over a source that is neither materialized nor stable gets no key
     ranges: they would come from a different read than the one that inserts."""
     supplied = request.options.source_stats
-    masked = probe.with_masks(request.source) if probe is not None else request.source
-    extra = probe.aggregates if probe is not None else []
+
+    def masked() -> tuple[DataFrame, list[Column]]:
+        """The source with the probe's masks and their aggregates; built only where they are
+        read (a DataFrame operation is an analysis, a Column a few py4j calls)."""
+        if probe is None:
+            return request.source, []
+        return probe.with_masks(request.source), probe.aggregates
+
     if level is not None:
         with phase(spark, "materialize", "MERGE operation - materializing source"):
-            source, values = materialize(masked, level, [*source_stats_columns(range_columns), *extra],
+            frame, extra = masked()
+            source, values = materialize(frame, level, [*source_stats_columns(range_columns), *extra],
                                          drop=probe.mask_columns if probe is not None else ())
             held.append(source)
             return source, _with_absent_files(source_stats_of(values, range_columns), probe, values)
@@ -368,7 +375,8 @@ def _prepare_source(spark: SparkSession, request: MergeRequest, clauses: ClauseS
     if clauses.is_insert_only and not (range_columns and is_stable(request.source)):
         return request.source, None
     with phase(spark, "sourceStats", "MERGE operation - counting source rows"):
-        stats, values = compute_source_stats(masked, range_columns, extra)
+        frame, extra = masked()
+        stats, values = compute_source_stats(frame, range_columns, extra)
         return request.source, _with_absent_files(stats, probe, values)
 
 

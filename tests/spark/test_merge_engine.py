@@ -260,13 +260,16 @@ def _merge_ids(table: DeltaTable, src: DataFrame, **options: Any) -> MergeMetric
     return builder.whenMatchedUpdateAll().whenNotMatchedInsertAll().execute()
 
 
-def test_files_whose_key_range_holds_no_source_key_are_skipped(spark: SparkSession, table_path: str) -> None:
+@pytest.mark.parametrize("materialize_source", ["auto", "none"])
+def test_files_whose_key_range_holds_no_source_key_are_skipped(spark: SparkSession, table_path: str,
+                                                               materialize_source: str) -> None:
     # Integer keys: each file's own [min, max] is tested against every source key while the source
-    # is materialized. The source's range [250, 5000] overlaps 6 files; only 200..299 holds a key.
+    # is materialized (or, not materialized, in the pass that counts it). The source's range
+    # [250, 5000] overlaps 6 files; only 200..299 holds a key.
     df = spark.range(0, 800, numPartitions=8).select(F.col("id").cast("int").alias("id"), F.lit(0).alias("v"))
     DeltaTable.createFromDataFrame(df, table_path)
     src = spark.createDataFrame([(250, 1), (260, 1), (5000, 1), (None, 1)], "id long, v int")
-    metrics = _merge_ids(DeltaTable.forPath(spark, table_path), src)
+    metrics = _merge_ids(DeltaTable.forPath(spark, table_path), src, materialize_source=materialize_source)
     assert metrics["numTargetFilesBeforeSkipping"] == 8 and metrics["numTargetFilesAfterSkipping"] == 1
     assert metrics["numTargetFilesRemoved"] == 1 and metrics["numTargetRowsCopied"] == 98
     assert metrics["numTargetRowsUpdated"] == 2 and metrics["numTargetRowsInserted"] == 2
