@@ -315,12 +315,13 @@ def _resolve(spark: SparkSession, request: MergeRequest, clauses: ClauseSet, sna
     scope = ColumnScope(request.target_alias, request.source_alias, [f.name for f in snapshot.schema.fields],
                         request.source.columns)
     pairs = key_pairs(request.condition, scope)
-    range_columns = ([s for _, s in skipping_key_pairs(request.condition, scope, snapshot.schema)]
-                     if request.options.source_key_range_skipping else [])
     matched_conditions = ([c.condition for c in resolved.matched] if clauses.is_matched_only
                           and all(c.condition is not None for c in resolved.matched) else None)
-    template = skipping_template(scope, snapshot.schema, request.condition, matched_conditions,  # type: ignore[arg-type]
+    template = skipping_template(scope, snapshot.schema, request.condition, pairs,
+                                 matched_conditions,  # type: ignore[arg-type]
                                  bool(resolved.not_matched_by_source))
+    range_columns = ([s for _, s in skipping_key_pairs(pairs, snapshot.schema)]
+                     if request.options.source_key_range_skipping else [])
     result = _Resolution(resolved, pairs, range_columns, template, matches_by_key(request.condition, scope))
     if key is not None:
         with _resolved_lock:

@@ -346,11 +346,11 @@ def compute_source_stats(source: DataFrame, columns: Sequence[str], extra: Seque
     return source_stats_of(values, columns), values
 
 
-def skipping_key_pairs(condition: Column, scope: ColumnScope, target_schema: StructType) -> list[tuple[str, str]]:
-    """The ``t.a = s.b`` pairs whose source range can prune target files by their min/max."""
+def skipping_key_pairs(pairs: Sequence[tuple[str, str]], target_schema: StructType) -> list[tuple[str, str]]:
+    """Of the ON condition's ``t.a = s.b`` pairs (:func:`key_pairs`), those whose source range
+    can prune target files by their min/max."""
     types = {f.name: f.dataType for f in target_schema.fields}
-    return [(t, s) for t, s in key_pairs(condition, scope)
-            if isinstance(types[t], AtomicType) and not isinstance(types[t], BinaryType)]
+    return [(t, s) for t, s in pairs if isinstance(types[t], AtomicType) and not isinstance(types[t], BinaryType)]
 
 
 @dataclass(frozen=True)
@@ -468,10 +468,12 @@ def skipping_template(
     scope: ColumnScope,
     target_schema: StructType,
     condition: Column,
+    pairs: Sequence[tuple[str, str]],
     matched_conditions: Sequence[Column] | None,
     has_not_matched_by_source: bool,
 ) -> SkippingTemplate:
-    """Work out the skipping predicates of a MERGE's conditions."""
+    """Work out the skipping predicates of a MERGE's conditions; ``pairs``: the ON condition's
+    :func:`key_pairs` (the caller has them already; each reading of a condition is a parse)."""
     if has_not_matched_by_source:
         return SkippingTemplate((), (), scope, target_schema, skip_nothing=True)
     target_only = target_only_conjuncts([condition], scope)
@@ -482,5 +484,5 @@ def skipping_template(
         combined_node = catalyst(combined)
         if scope.is_target_only(combined_node):
             target_only.append(combined_node)
-    return SkippingTemplate(target_only, skipping_key_pairs(condition, scope, target_schema), scope, target_schema,
+    return SkippingTemplate(target_only, skipping_key_pairs(pairs, target_schema), scope, target_schema,
                             skip_nothing=False)

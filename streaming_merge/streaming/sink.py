@@ -429,10 +429,8 @@ class MergeSink:
             return frame, (rows, 0, 0, [], None), SourceStats(rows, {}), None
         prepared = self._preparer.prepare(batch_df, max(1, int(spark.sparkContext.defaultParallelism)))
         kept: Observation | None = None
-        presence = Observation() if probe is not None else None
-        to_copy = prepared.frame
-        if probe is not None and presence is not None:
-            to_copy = probe.observed(to_copy, presence)
+        presence = Observation()
+        to_copy = prepared.frame if probe is None else probe.observed(prepared.frame, presence)
         if drop_late is not None:
             kept = Observation()
             to_copy = drop_late(to_copy).observe(kept, F.count(F.when(~F.col(NULL_KEY_FLAG), 1)).alias("rows"))
@@ -442,7 +440,7 @@ class MergeSink:
         # (SCD 2 keeps several, but its MERGE source is built from them later).
         if self._scd_type == 1:
             stats = dataclasses.replace(stats, unique_keys=tuple(self._spec.keys))
-        if probe is not None and presence is not None:
+        if probe is not None:
             stats = dataclasses.replace(stats, absent_files=probe.absent_observed(presence))
         observed = prepared.counts.get
         truncates = [v for v in observed.get("truncates") or [] if v is not None]
