@@ -32,7 +32,8 @@ from streaming_merge.session import local_session
 
 
 def run_demo(workdir: Path, events: int, keys: int, max_offsets: int, partitions: int) -> bool:
-    spark = local_session("kafka_cdc_demo", "local[2]")
+    # The demo's JVM lives about half a minute: C1 alone (session._short_run_conf).
+    spark = local_session("kafka_cdc_demo", "local[2]", short_run=True)
     verdicts: list[bool] = []
     # The first registration of a Python data source in a JVM has Spark look up the installed
     # ones in a Python process of its own (about 1.5 s here); it needs nothing from the broker,

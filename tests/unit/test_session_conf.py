@@ -39,3 +39,13 @@ def test_importing_the_kafka_source_leaves_the_engine_unimported() -> None:
         "[]", "streaming_merge.delta_table streaming_merge.streaming.sink streaming_merge.errors MergeOptions"]
     with pytest.raises(AttributeError, match="module 'streaming_merge' has no attribute 'Nope'"):
         streaming_merge.Nope  # noqa: B018
+
+
+def test_a_short_local_run_stops_the_drivers_jit_at_c1_and_keeps_given_java_options() -> None:
+    assert session._short_run_conf("local[2]", {}) == {"spark.driver.extraJavaOptions": "-XX:TieredStopAtLevel=1"}
+    given = {"spark.driver.extraJavaOptions": "-Dfoo=1"}
+    assert session._short_run_conf("local[*]", given) == {
+        "spark.driver.extraJavaOptions": "-Dfoo=1 -XX:TieredStopAtLevel=1"}
+    # The caller's own JIT level wins; cluster masters keep their JVMs' defaults.
+    assert session._short_run_conf("local", {"spark.driver.extraJavaOptions": "-XX:TieredStopAtLevel=4"}) == {}
+    assert session._short_run_conf("yarn", {}) == {}
