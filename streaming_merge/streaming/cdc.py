@@ -344,8 +344,12 @@ def values_newer_than(columns: Sequence[str], spec: CdcSpec, threshold: Column, 
         value = F.col(f"{alias}`{column}`")
         if column in data or column.startswith(PROVIDER_PREFIX):
             provider = F.col(f"{alias}`{column if column.startswith(PROVIDER_PREFIX) else PROVIDER_PREFIX + column}`")
-            value = F.when(threshold.isNull() | (provider > threshold), value)
-        kept.append(value.alias(column))
+            value = F.when(threshold.isNull() | (provider > threshold), value).alias(column)
+        # The other columns (the keys among them) are selected as they are, not aliased to their
+        # own name: the optimizer drops such an alias, and a local checkpoint of this frame then
+        # states its hash partitioning on the keys in attributes its output no longer has, so a
+        # join on the keys shuffled the checkpoint once more.
+        kept.append(value)
     return kept
 
 
