@@ -107,8 +107,8 @@ def _short_run_conf(master: str, conf: dict[str, str]) -> dict[str, str]:
     the optimizing C2 compiler on every new query for tens of micro-batches; on 2 cores
     C2's compiler thread takes CPU the run needs and its code pays back only later. Measured
     on the 2-core machine (``jobs.kafka_cdc_demo``, alternating runs): the JIT's threads
-    used 13.9-17 s of the JVM's 31-38 s of CPU, 3.0 s of 18-25 s with C1 alone, and the
-    demo caught up in 13.9-17.4 s instead of 16.7-20.1 s. Longer runs lose with it: the
+    used 14-17 s of the JVM's 31-38 s of CPU, 3 s of 19.5-21.5 s with C1 alone, and the
+    demo caught up in 13.7-15.1 s instead of 19.9-20.6 s. Longer runs lose with it: the
     test suite's heaviest files took 355 s instead of 292 s and a warm 1M x 100k MERGE
     5.4-5.9 s instead of 3.4-3.8 s, so it is for short runs only; cluster masters keep
     their JVMs' defaults. Options the caller gave for the driver's JVM are kept."""
