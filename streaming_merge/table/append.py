@@ -50,7 +50,10 @@ def append_rows(spark: SparkSession, df: DataFrame, path: TableRef, app_id: str,
     # One file per append: these are a micro-batch's side rows (its deletes, its dead letters),
     # few, and written with the batch's partitioning they made one tiny file per partition,
     # which every later tombstone lookup had to open.
-    written = write_files(spark, df.coalesce(1).select(*[f"`{f.name}`" for f in snapshot.schema.fields]),
+    # Reordered only when needed: the select costs round trips to the JVM for every column.
+    names = [f.name for f in snapshot.schema.fields]
+    rows = df.coalesce(1)
+    written = write_files(spark, rows if df.columns == names else rows.select(*[f"`{n}`" for n in names]),
                           location, snapshot.schema, snapshot.partition_columns)
     try:
         return commit(CommitRequest(snapshot=snapshot, adds=written, removes=[], operation="WRITE",

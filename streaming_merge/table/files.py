@@ -15,6 +15,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from pyspark.sql import SparkSession
 
+from streaming_merge._jvm import jvm_class
+
 _PARQUET_MAGIC = b"PAR1"
 # A py4j answer longer than the gateway's 8 KiB write buffer leaves the JVM in two TCP
 # segments, and the second waits ~40 ms for Python's delayed ACK (Nagle): a 64 KiB tail read
@@ -34,13 +36,12 @@ class HadoopFiles:
     """The session's Hadoop FileSystem for one root (a table or a folder in it)."""
 
     def __init__(self, spark: SparkSession, root: str) -> None:
-        jvm = spark._jvm
-        self._jvm = jvm
-        self._root = jvm.org.apache.hadoop.fs.Path(root)
+        self._hadoop_path = jvm_class(spark, "org.apache.hadoop.fs.Path")
+        self._root = self._hadoop_path(root)
         self._fs = self._root.getFileSystem(spark._jsc.hadoopConfiguration())
 
     def _path(self, path: str) -> Any:
-        return self._jvm.org.apache.hadoop.fs.Path(path)
+        return self._hadoop_path(path)
 
     def list_files(self, folder: str) -> list[FileStatus]:
         """Every file under ``folder`` (recursively); empty when it does not exist."""

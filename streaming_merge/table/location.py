@@ -21,6 +21,7 @@ from urllib.parse import quote
 
 from pyspark.sql import SparkSession
 
+from streaming_merge._jvm import jvm_class
 from streaming_merge.table.storage_options import hadoop_getter, storage_options_for
 
 _SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.\-]*:")
@@ -85,8 +86,7 @@ def resolve(location: TableRef, spark: SparkSession | None = None,
 
 
 def _qualify_with_hadoop(spark: SparkSession, location: str) -> tuple[str, str]:
-    jvm = spark._jvm
-    path = jvm.org.apache.hadoop.fs.Path(location)
+    path = jvm_class(spark, "org.apache.hadoop.fs.Path")(location)
     try:
         filesystem = path.getFileSystem(spark._jsc.hadoopConfiguration())
     except Exception as exc:  # py4j wraps e.g. UnsupportedFileSystemException: No FileSystem for scheme "s3a"

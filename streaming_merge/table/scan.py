@@ -15,6 +15,7 @@ from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import StructType
 
+from streaming_merge._jvm import jvm_class
 from streaming_merge.table.location import TableRef, resolve
 from streaming_merge.table.schema import data_columns
 from streaming_merge.table.snapshot import DataFile, Snapshot
@@ -29,7 +30,7 @@ def spark_file_paths(spark: SparkSession, table_path: TableRef, files: Sequence[
     """Each file's path exactly as Spark's ``_metadata.file_path`` reports it (URL-encoded):
     the table root as Hadoop qualifies it (``file:/...``) plus the file's relative path."""
     root = resolve(table_path, spark).uri
-    spark_path = spark._jvm.org.apache.spark.paths.SparkPath
+    spark_path = jvm_class(spark, "org.apache.spark.paths.SparkPath")
     return [spark_path.fromPathString(f"{root}/{f.path}").urlEncoded() for f in files]
 
 

@@ -42,6 +42,7 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
+from streaming_merge._jvm import jvm_class
 from streaming_merge._spark_conf import temporary_conf
 from streaming_merge.errors import DeltaTableError
 from streaming_merge.table.files import HadoopFiles
@@ -214,8 +215,12 @@ def _enforce_not_null(df: DataFrame, schema: StructType) -> DataFrame:
     runs in the write's own job and costs no extra scan.
     """
     guarded: dict[str, Column] = {}
-    for field in schema.fields:
-        if field.name not in df.columns:
+    # Columns are only built for the fields with something to check: each costs round trips
+    # to the JVM, and most tables declare nothing NOT NULL.
+    checked_fields = [f for f in schema.fields if _declares_not_null(f)]
+    columns = df.columns if checked_fields else []
+    for field in checked_fields:
+        if field.name not in columns:
             continue
         column = F.col(f"`{field.name}`")
         checked: Column | None = None
@@ -226,7 +231,14 @@ def _enforce_not_null(df: DataFrame, schema: StructType) -> DataFrame:
             guarded[field.name] = checked.otherwise(column).alias(field.name)
     if not guarded:
         return df
-    return df.select(*[guarded.get(name, F.col(f"`{name}`")) for name in df.columns])
+    return df.select(*[guarded.get(name, F.col(f"`{name}`")) for name in columns])
+
+
+def _declares_not_null(field: StructField) -> bool:
+    """True when ``field`` or a field nested in its structs is NOT NULL."""
+    if not field.nullable:
+        return True
+    return isinstance(field.dataType, StructType) and any(_declares_not_null(c) for c in field.dataType.fields)
 
 
 def _not_null_violations(
@@ -265,7 +277,7 @@ def _partition_values(
     """Partition values of Hive-style directory names, unescaped with Spark's own rules."""
     if not partition_columns:
         return {}
-    unescape = spark._jvm.org.apache.spark.sql.catalyst.catalog.ExternalCatalogUtils.unescapePathName
+    unescape = jvm_class(spark, "org.apache.spark.sql.catalyst.catalog.ExternalCatalogUtils").unescapePathName
     values: dict[str, str | None] = {}
     for segment in partition_dirs:
         name, _, raw = segment.partition("=")

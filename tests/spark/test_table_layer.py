@@ -589,6 +589,24 @@ def test_side_table_created_by_another_writer_meanwhile_is_appended_to(
         {"reason": "a", "offset": 1}, {"reason": "b", "offset": 2}]
 
 
+def test_append_writes_the_tables_columns_in_its_order_whatever_the_frames_order(
+        spark: SparkSession, tmp_path: Path) -> None:
+    """Rows are written in the table's column order: a frame in that order as it is, a frame in
+    another order (or with a column the table lacks) through a projection onto the table's."""
+    from streaming_merge.table.append import append_rows
+
+    path = str(tmp_path / "side")
+    append_rows(spark, spark.createDataFrame([("a", 1)], "reason string, offset long"), path, "q", 0)
+    append_rows(spark, spark.createDataFrame([(2, "b")], "offset long, reason string"), path, "q", 1)
+    append_rows(spark, spark.createDataFrame([(3, "c", True)], "offset long, reason string, extra boolean"),
+                path, "q", 2)
+    table = deltalake.DeltaTable(path)
+    assert table.version() == 3
+    assert [f.name for f in table.schema().fields] == ["reason", "offset"]
+    assert sorted(table.to_pyarrow_table().to_pylist(), key=lambda r: r["offset"]) == [
+        {"reason": "a", "offset": 1}, {"reason": "b", "offset": 2}, {"reason": "c", "offset": 3}]
+
+
 @pytest.mark.parametrize("columns", [3, 400])
 def test_footer_read_through_hadoop_equals_pyarrows_own(spark: SparkSession, tmp_path: Path, columns: int) -> None:
     """The footer comes over py4j in small reads: a small one in the first read, a big one
