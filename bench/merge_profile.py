@@ -14,6 +14,11 @@ so broadcast and shuffle-stage jobs are included and nothing is inferred from re
 merges into a fresh copy of the same target (``shutil.copytree``, untimed); two warm-up runs pay for
 JVM class loading and JIT. Medians over ``--runs`` are printed; wall times on a 2-core machine
 vary by ±20-30 %, job and load counts do not.
+
+The driver JVM's CPU per MERGE is printed by thread group (``bench.jvm_cpu``, Linux): on 2 cores
+the JIT's compiler threads compete with the MERGE for tens to hundreds of MERGEs after start
+(their CPU per MERGE falls from ~2 s in the first ten to ~0.1-0.2 s after 150 here), so a wall
+time far above the jobs' own durations is often the JIT, not the MERGE's driver work.
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ from typing import Any
 
 import pyarrow.parquet as pq
 
+from bench import jvm_cpu
 from bench.merge_bench import make_batch, make_target, write_target
 
 KINDS = ("upsert", "insert", "matched")
@@ -87,6 +93,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     spark = local_session("merge_profile", "local[2]")
     counter = Py4jCounter(spark)
+    pid = jvm_cpu.jvm_pid(spark)
+    measure_cpu = jvm_cpu.available(pid)
     work = Path(tempfile.mkdtemp(prefix="merge_profile-"))
     try:
         master = work / "master"
@@ -107,12 +115,15 @@ def main(argv: Sequence[str] | None = None) -> int:
                 source = (spark.read.parquet(str(source_dir)) if args.source == "parquet"
                           else spark.createDataFrame(batch))
                 calls_before = counter.calls
+                cpu_before = jvm_cpu.thread_cpu_seconds(pid) if measure_cpu else None
                 with profiling() as profile, phase(spark, "(outside phases)"):
                     started = time.perf_counter()
                     metrics = _merge(spark, run_dir, source, args.kind, chosen)
                     total_ms = (time.perf_counter() - started) * 1000
+                cpu = jvm_cpu.delta_ms(cpu_before, jvm_cpu.thread_cpu_seconds(pid)) if cpu_before else {}
                 if run >= args.warmup:
                     results[name].append({"total": total_ms, "jobs": profile.jobs, "loads": profile.log_loads,
+                                          "cpu": cpu,
                                           "updates": profile.log_updates, "py4j": counter.calls - calls_before,
                                           "phases": {p.name: p for p in profile.phases.values()},
                                           "metrics": metrics})
@@ -148,6 +159,9 @@ def _report(args: argparse.Namespace, rows: list[dict[str, Any]]) -> None:
     print(f"py4j calls per MERGE: {statistics.median(r['py4j'] for r in rows):.0f}; "
           f"log updates (commits read after the snapshot): {max(r['updates'] for r in rows)}; "
           f"all runs' totals (ms): {totals}")
+    if all(r["cpu"] for r in rows):
+        groups = ", ".join(f"{g} {statistics.median(r['cpu'][g] for r in rows):.0f}" for g in jvm_cpu.GROUP_NAMES)
+        print(f"driver JVM CPU per MERGE (ms): {groups}")
     m = last["metrics"]
     print(f"last run: files removed/added {m['numTargetFilesRemoved']}/{m['numTargetFilesAdded']}, "
           f"updated {m['numTargetRowsUpdated']}, inserted {m['numTargetRowsInserted']}, "
