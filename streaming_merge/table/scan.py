@@ -30,8 +30,8 @@ def spark_file_paths(spark: SparkSession, table_path: TableRef, files: Sequence[
     """Each file's path exactly as Spark's ``_metadata.file_path`` reports it (URL-encoded):
     the table root as Hadoop qualifies it (``file:/...``) plus the file's relative path."""
     root = resolve(table_path, spark).uri
-    spark_path = jvm_class(spark, "org.apache.spark.paths.SparkPath")
-    return [spark_path.fromPathString(f"{root}/{f.path}").urlEncoded() for f in files]
+    from_path_string = jvm_class(spark, "org.apache.spark.paths.SparkPath").fromPathString  # looked up once
+    return [from_path_string(f"{root}/{f.path}").urlEncoded() for f in files]
 
 
 def scan_files(
