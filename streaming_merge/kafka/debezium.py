@@ -43,6 +43,7 @@ from pyspark.sql import Column, DataFrame, Observation
 from pyspark.sql import functions as F
 from pyspark.sql.types import LongType, StringType, StructField, StructType
 
+from streaming_merge._jvm import jvm_class
 from streaming_merge._per_context import PerContext
 from streaming_merge.merge.materialize import release, storage_level
 
@@ -310,7 +311,6 @@ def infer_row_schema(records: DataFrame) -> StructType:
     images = records.select(F.coalesce(envelope.getField("after"), envelope.getField("before")).alias("j")) \
         .filter(F.col("j").isNotNull())
     spark = records.sparkSession
-    jvm = spark._jvm
-    as_strings = getattr(images._jdf, "as")(jvm.org.apache.spark.sql.Encoders.STRING())
+    as_strings = getattr(images._jdf, "as")(jvm_class(spark, "org.apache.spark.sql.Encoders").STRING())
     inferred = StructType.fromJson(json.loads(spark._jsparkSession.read().json(as_strings).schema().json()))
     return StructType([f for f in inferred.fields if f.name != "_corrupt_record"])

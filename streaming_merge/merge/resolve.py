@@ -27,6 +27,7 @@ from pyspark.sql.types import (
     StructType,
 )
 
+from streaming_merge._jvm import jvm_class
 from streaming_merge.errors import MergeAnalysisError
 from streaming_merge.merge.clauses import ClauseSet, MergeClause, expr_text, to_column
 from streaming_merge.table.schema import evolve
@@ -269,9 +270,8 @@ class _ClauseResolver:
         to_type = field.dataType
         if from_type == to_type:
             return value
-        jvm = self._spark._jvm
-        parse = jvm.org.apache.spark.sql.types.DataType.fromJson
-        if not jvm.org.apache.spark.sql.catalyst.expressions.Cast.canANSIStoreAssign(
+        parse = jvm_class(self._spark, "org.apache.spark.sql.types.DataType").fromJson
+        if not jvm_class(self._spark, "org.apache.spark.sql.catalyst.expressions.Cast").canANSIStoreAssign(
             parse(from_type.json()), parse(to_type.json())
         ):
             raise MergeAnalysisError(
