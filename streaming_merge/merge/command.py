@@ -18,6 +18,17 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from pyspark.sql import Column, DataFrame, SparkSession
+from pyspark.sql.types import (
+    BinaryType,
+    BooleanType,
+    DataType,
+    DateType,
+    DecimalType,
+    IntegralType,
+    StringType,
+    TimestampNTZType,
+    TimestampType,
+)
 
 from streaming_merge._interpreted import DEFAULT_INTERPRETED_MAX_ROWS, interpreted_if_small, rows_of
 from streaming_merge._profile import phase
@@ -49,6 +60,7 @@ from streaming_merge.merge.resolve import (
 from streaming_merge.merge.rewrite import (
     FileLayout,
     RewriteResult,
+    TouchProbe,
     write_all_changes,
     write_changes_map_side,
     write_inserts_only,
@@ -66,9 +78,10 @@ from streaming_merge.merge.skipping import (
     source_stats_columns,
     source_stats_of,
 )
-from streaming_merge.merge.touched import TouchedFiles, find_touched_files
+from streaming_merge.merge.touched import TouchedFiles, find_touched_files, join_partitions
 from streaming_merge.table.commit import CommitRequest, add_columns, commit
 from streaming_merge.table.location import TableLocation
+from streaming_merge.table.scan import spark_file_paths
 from streaming_merge.table.schema import check_partition_columns
 from streaming_merge.table.snapshot import DataFile, Snapshot, check_writable, load_snapshot
 from streaming_merge.table.write import delete_written
@@ -118,6 +131,15 @@ class MergeOptions:
     # The metrics count what was done: every candidate removed, an untouched one's rows copied.
     # 0 (Delta's algorithm) unless asked for.
     rewrite_all_candidates_bytes: int = 0
+    # One pass instead of two: when the source holds at least single_pass_min_rows_per_file rows
+    # per candidate file (so every candidate is most likely touched), every candidate is rewritten
+    # in one Spark job that also observes which candidates were touched and whether a target row
+    # could have matched two source rows (streaming_merge.merge.rewrite.TouchProbe). When all were
+    # touched and none could, that is the MERGE, with Delta's files and metrics; otherwise its
+    # files are deleted and the touched candidates are rewritten (or, on a possible multiple
+    # match, Delta's findTouchedFiles decides), so a wrong guess costs one extra write.
+    single_pass: bool = True
+    single_pass_min_rows_per_file: int = 8
     # findTouchedFiles and the rewrite run without generated code (streaming_merge._interpreted)
     # when the source's rows plus the candidate files' rows (the log's numRecords) are known and
     # at most this many: a new query's first MERGE then compiles no Java. 0: always generated code.
@@ -151,6 +173,9 @@ class MergeOptions:
             raise ValueError(f"interpreted_max_rows must be 0 or more rows, got {self.interpreted_max_rows}")
         if self.key_presence_max_files < 0:
             raise ValueError(f"key_presence_max_files must be 0 or more files, got {self.key_presence_max_files}")
+        if self.single_pass_min_rows_per_file < 0:
+            raise ValueError("single_pass_min_rows_per_file must be 0 or more rows, "
+                             f"got {self.single_pass_min_rows_per_file}")
         if self.min_parallel_file_size < 1:
             raise ValueError("min_parallel_file_size must be a positive number of bytes, "
                              f"got {self.min_parallel_file_size}")
@@ -410,14 +435,20 @@ def _merge(spark: SparkSession, request: MergeRequest, snapshot: Snapshot, resol
     with interpreted_if_small(spark, rows_read, options.interpreted_max_rows):
         to_rewrite: list[DataFile] = []
         touched: TouchedFiles | None = None
+        one_pass_result: RewriteResult | None = None
         if clauses.is_insert_only:
             metrics["scanTimeMs"] = 0
         else:
             assert stats is not None
             metrics["numSourceRows"] = stats.rows
+            decided: list[DataFile] | None = None
             if _rewrites_all_candidates(options, resolved, snapshot, source, stats, pairs, candidates):
-                to_rewrite = list(candidates)
-            else:
+                decided = list(candidates)
+            elif (probe := _single_pass_probe(spark, snapshot, options, resolved, source, stats, pairs, candidates,
+                                              broadcast)) is not None:
+                one_pass_result, decided = _single_pass(spark, snapshot, candidates, source, resolved, options, probe,
+                                                        broadcast, source_bytes)
+            if decided is None:
                 map_side = broadcast and bool(resolved.not_matched) and not resolved.not_matched_by_source
                 broadcast_scan = (broadcast and not resolved.not_matched_by_source
                                   and metrics["numTargetBytesAfterSkipping"] >= options.broadcast_scan_min_bytes
@@ -429,16 +460,21 @@ def _merge(spark: SparkSession, request: MergeRequest, snapshot: Snapshot, resol
                                                  broadcast_source=broadcast_scan)
                 if touched.checkpoint is not None:
                     held.append(touched.checkpoint)
-                to_rewrite = touched.files
-            metrics["scanTimeMs"] = _millis_since(scan_started)
+                decided = touched.files
+            to_rewrite = decided
+            metrics["scanTimeMs"] = 0 if one_pass_result is not None else _millis_since(scan_started)
         hook("after_find_touched_files", source)
 
         rewrite_started = time.monotonic()
-        layout = FileLayout(options.repartition_before_write, options.target_file_size,
-                            sum(f.size for f in to_rewrite) + source_bytes, options.min_parallel_file_size)
-        result = _rewrite(spark, snapshot, candidates, to_rewrite, source, resolved, touched, pairs, layout,
-                          options.optimize_matched_only, broadcast)
-        metrics["rewriteTimeMs"] = _millis_since(rewrite_started)
+        if one_pass_result is not None:
+            result = one_pass_result
+            metrics["rewriteTimeMs"] = _millis_since(scan_started)
+        else:
+            layout = FileLayout(options.repartition_before_write, options.target_file_size,
+                                sum(f.size for f in to_rewrite) + source_bytes, options.min_parallel_file_size)
+            result = _rewrite(spark, snapshot, candidates, to_rewrite, source, resolved, touched, pairs, layout,
+                              options.optimize_matched_only, broadcast)
+            metrics["rewriteTimeMs"] = _millis_since(rewrite_started)
         metrics.update(result.counts)
         if clauses.is_only_one_unconditional_delete and to_rewrite and touched is not None:
             metrics["numTargetRowsMatchedDeleted"] = touched.matched_target_rows  # once per row, not per match
@@ -489,6 +525,75 @@ def _rewrites_all_candidates(options: MergeOptions, resolved: ResolvedMerge, sna
     return (bool(candidates) and sum(f.size for f in candidates) <= options.rewrite_all_candidates_bytes
             and not resolved.not_matched_by_source and not resolved.clauses.is_only_one_unconditional_delete
             and _single_match(snapshot, source, stats, pairs))
+
+
+def _single_pass_probe(spark: SparkSession, snapshot: Snapshot, options: MergeOptions, resolved: ResolvedMerge,
+                       source: DataFrame, stats: SourceStats, pairs: list[tuple[str, str]],
+                       candidates: Sequence[DataFile], broadcast: bool) -> TouchProbe | None:
+    """What the one-pass rewrite observes (MergeOptions.single_pass), or None where Delta's two
+    passes are the better or the only sound plan: clauses on unmatched target rows (every
+    candidate is then touched anyway, but the scan decides which rows), an unconditional delete
+    (its count comes from the scan), too few source rows to touch every candidate, no key
+    equality or one across types (a cast could make distinct source keys equal one target
+    value), and an upsert of a broadcast source into a target big enough that streaming it past
+    the broadcast and rewriting map-side beats shuffling it for a full outer join."""
+    if (not options.single_pass or not candidates or not pairs or resolved.not_matched_by_source
+            or resolved.clauses.is_only_one_unconditional_delete
+            or stats.rows < options.single_pass_min_rows_per_file * len(candidates)):
+        return None
+    candidate_bytes = sum(f.size for f in candidates)
+    matched_only = options.optimize_matched_only and resolved.clauses.is_matched_only
+    if broadcast and not matched_only and candidate_bytes >= options.broadcast_scan_min_bytes:
+        return None
+    target_types = {f.name: f.dataType for f in snapshot.schema.fields}
+    source_types = {f.name: f.dataType for f in source.schema.fields}
+    if not all(target_types.get(t) == source_types.get(s) and _groups_as_it_joins(source_types[s]) for t, s in pairs):
+        return None
+    return TouchProbe(
+        spark_paths=tuple(spark_file_paths(spark, snapshot.location, candidates)),
+        target_keys=tuple(t for t, _ in pairs),
+        source_keys=tuple(s for _, s in pairs),
+        count_keys=not _single_match(snapshot, source, stats, pairs),
+        partitions=join_partitions(spark, candidate_bytes),
+    )
+
+
+_EXACT_KEY_TYPES = (IntegralType, DecimalType, DateType, TimestampType, TimestampNTZType, BooleanType, BinaryType)
+
+
+def _groups_as_it_joins(data_type: DataType) -> bool:
+    """Whether grouping a key column puts together exactly the values that join as equal: not so
+    for floating point (NaN and -0.0 are normalized by rules we do not want to depend on) or for
+    strings under a collation other than binary."""
+    if isinstance(data_type, StringType):
+        return getattr(data_type, "collation", "UTF8_BINARY") == "UTF8_BINARY"
+    return isinstance(data_type, _EXACT_KEY_TYPES)
+
+
+def _single_pass(spark: SparkSession, snapshot: Snapshot, candidates: list[DataFile], source: DataFrame,
+                 resolved: ResolvedMerge, options: MergeOptions, probe: TouchProbe, broadcast: bool,
+                 source_bytes: int) -> tuple[RewriteResult | None, list[DataFile] | None]:
+    """Rewrite every candidate in one job and settle what it found: the result when every
+    candidate was touched and no target row can have matched twice; otherwise its files are
+    deleted and the touched candidates are returned for the rewrite (None: a target row may
+    have matched two source rows, which Delta's findTouchedFiles decides, and reports)."""
+    with phase(spark, "writeAllChanges", f"MERGE operation - Rewriting {len(candidates)} candidate files in one pass"):
+        layout = FileLayout(options.repartition_before_write, options.target_file_size,
+                            sum(f.size for f in candidates) + source_bytes, options.min_parallel_file_size)
+        result = write_all_changes(spark, snapshot, candidates, source, resolved,
+                                   optimize_matched_only=options.optimize_matched_only, layout=layout,
+                                   broadcast_source=broadcast, probe=probe)
+    assert result.touched is not None
+    if result.max_source_rows_per_key <= 1 and len(result.touched) == len(candidates):
+        return result, list(candidates)
+    delete_written(spark, snapshot.location, result.files)
+    if result.max_source_rows_per_key > 1:
+        log.info("MERGE into %s: a key of a matched pair has %d source rows; finding the touched files",
+                 snapshot.location, result.max_source_rows_per_key)
+        return None, None
+    log.info("MERGE into %s: %d of %d candidate files touched; rewriting those", snapshot.location,
+             len(result.touched), len(candidates))
+    return None, [candidates[i] for i in sorted(result.touched)]
 
 
 def _single_match(snapshot: Snapshot, source: DataFrame, stats: SourceStats,

@@ -12,8 +12,9 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
-from pyspark.sql import Column, DataFrame, Observation, SparkSession
+from pyspark.sql import Column, DataFrame, Observation, SparkSession, Window
 from pyspark.sql import functions as F
 
 from streaming_merge.merge.resolve import (
@@ -23,7 +24,7 @@ from streaming_merge.merge.resolve import (
     ResolvedMerge,
     qualified,
 )
-from streaming_merge.merge.touched import join_partitions
+from streaming_merge.merge.touched import FILE_ID_COL, any_of, join_partitions, scan_with_file_ids
 from streaming_merge.table.scan import scan_files
 from streaming_merge.table.snapshot import DataFile, Snapshot
 from streaming_merge.table.write import WrittenFile, write_files
@@ -35,10 +36,39 @@ DROP = -2
 ACTION_COL = "__sm_action__"
 
 
+TOUCHED_FILES = "touchedFileIds"
+MAX_SOURCE_ROWS_PER_KEY = "maxSourceRowsPerMatchedKey"
+_ROWS_PER_KEY_COL = "__sm_rows_per_key__"
+
+
 @dataclass(frozen=True)
 class RewriteResult:
     files: list[WrittenFile]
     counts: dict[str, int]
+    # Set by a one-pass rewrite (TouchProbe): the candidates (positions) that held a matched
+    # row the clauses act on, and the most source rows that share the key of a matched pair
+    # (1 when the source's keys were known unique).
+    touched: frozenset[int] | None = None
+    max_source_rows_per_key: int = 0
+
+
+@dataclass(frozen=True)
+class TouchProbe:
+    """What a one-pass rewrite of every candidate file observes in its own job so that it can
+    stand in for findTouchedFiles: which candidates hold a matched row the clauses act on, and
+    whether a target row could have matched two source rows.
+
+    The second is read from the source side: two source rows that match one target row through
+    ``t.k = s.k`` equalities of same-typed columns share their key, so when every matched pair's
+    key has one source row, no target row matched twice. ``count_keys`` are the source key
+    columns whose rows per key are counted (a window on the source, hash-partitioned on the keys
+    as the join needs it anyway); empty when the caller knows the source's keys are unique."""
+
+    spark_paths: tuple[str, ...]  # the candidates' paths as Spark reports them, in order
+    target_keys: tuple[str, ...]
+    source_keys: tuple[str, ...]
+    count_keys: bool
+    partitions: int
 
 
 def observed(observation: Observation) -> dict[str, int]:
@@ -48,8 +78,13 @@ def observed(observation: Observation) -> dict[str, int]:
     propagation, also at run time under AQE) and the observation then never completes.
     Only an empty input is removed, and every count over an empty input is zero.
     """
+    return {k: int(v or 0) for k, v in observed_values(observation).items()}
+
+
+def observed_values(observation: Observation) -> dict[str, Any]:
+    """The observation's values as Spark returns them; empty when it never arrived (see observed)."""
     try:
-        return {k: int(v or 0) for k, v in observation.get.items()}
+        return dict(observation.get)
     except Exception as exc:  # Py4JJavaError: the metrics row never arrived
         log.debug("Observation %s not reported (subtree optimized away as empty): %s", observation, exc)
         return {}
@@ -157,16 +192,24 @@ def write_all_changes(
     optimize_matched_only: bool,
     layout: FileLayout,
     broadcast_source: bool,
+    probe: TouchProbe | None = None,
 ) -> RewriteResult:
-    """Rewrite the touched files with every clause applied, plus the inserted rows."""
+    """Rewrite the touched files with every clause applied, plus the inserted rows.
+
+    With ``probe`` the files are the MERGE's candidates, not yet known to be touched, and the
+    write's job also observes what findTouchedFiles would have found (see TouchProbe)."""
     src_obs, out_obs = Observation(), Observation()
     matched_only = optimize_matched_only and resolved.clauses.is_matched_only
+    if probe is not None:
+        source, tgt_scan = _probed_sides(spark, snapshot, files_to_rewrite, source, resolved, probe,
+                                         shuffled=not (matched_only and broadcast_source))
+    else:
+        tgt_scan = scan_files(spark, snapshot, files_to_rewrite, schema=resolved.output_schema)
     if matched_only and broadcast_source:  # a right outer join can build its left side
         source = F.broadcast(source)
     src = (source.alias(resolved.source_alias).withColumn(SOURCE_PRESENT, F.lit(True))
            .observe(src_obs, F.count(F.lit(1)).alias("rows")))
-    tgt = (scan_files(spark, snapshot, files_to_rewrite, schema=resolved.output_schema)
-           .alias(resolved.target_alias).withColumn(TARGET_PRESENT, F.lit(True)))
+    tgt = tgt_scan.alias(resolved.target_alias).withColumn(TARGET_PRESENT, F.lit(True))
     joined = src.join(tgt, resolved.condition, "right_outer" if matched_only else "full_outer")
 
     source_present = F.col(SOURCE_PRESENT).isNotNull()
@@ -180,13 +223,51 @@ def write_all_changes(
     with_action = joined.withColumn(ACTION_COL, action).observe(
         out_obs, *_target_row_counts(resolved),
         _count(resolved, _codes(resolved.not_matched, delete=False), "numTargetRowsInserted"),
+        *(_touch_observations(resolved, probe, matched_only) if probe is not None else []),
     )
     dropped = [DROP, *_codes(resolved.all, delete=True)]
     output = with_action.filter(~F.col(ACTION_COL).isin(dropped)).select(*_outputs(resolved, resolved.all, True))
     written = _write(spark, snapshot, output, resolved, layout)
-    counts = observed(out_obs)
+    values = observed_values(out_obs)
+    touched_ids = values.pop(TOUCHED_FILES, None) or []
+    max_per_key = int(values.pop(MAX_SOURCE_ROWS_PER_KEY, None) or 0)
+    counts = {k: int(v or 0) for k, v in values.items()}
     counts["numSourceRowsInSecondScan"] = observed(src_obs).get("rows", 0)
-    return RewriteResult(written, counts)
+    if probe is None:
+        return RewriteResult(written, counts)
+    if not probe.count_keys and touched_ids:
+        max_per_key = 1
+    return RewriteResult(written, counts, frozenset(int(i) for i in touched_ids), max_per_key)
+
+
+def _probed_sides(spark: SparkSession, snapshot: Snapshot, candidates: Sequence[DataFile], source: DataFrame,
+                  resolved: ResolvedMerge, probe: TouchProbe, *, shuffled: bool) -> tuple[DataFrame, DataFrame]:
+    """The source with its rows per key (when counted) and the candidates' rows with their file
+    positions; for a ``shuffled`` join both hash-partitioned on the join keys alike, so that the
+    window's partitioning is the join's and nothing is shuffled twice."""
+    source_keys = [F.col(f"`{k}`") for k in probe.source_keys]
+    target = scan_with_file_ids(spark, snapshot, candidates, resolved, probe.spark_paths, keep_row_index=False)
+    if shuffled:
+        source = source.repartition(probe.partitions, *source_keys)
+        target = target.repartition(probe.partitions, *[F.col(f"`{k}`") for k in probe.target_keys])
+    if probe.count_keys:
+        source = source.withColumn(_ROWS_PER_KEY_COL, F.count(F.lit(1)).over(Window.partitionBy(*source_keys)))
+    return source, target
+
+
+def _touch_observations(resolved: ResolvedMerge, probe: TouchProbe, matched_only: bool) -> list[Column]:
+    """The candidates holding a matched row the clauses act on (findTouchedFiles' rule: with
+    only MATCHED clauses a match counts when one of them applies) and the most source rows per
+    key over the matched pairs; a few dozen ints whatever the data size."""
+    def build() -> list[Column]:
+        pair = F.col(SOURCE_PRESENT).isNotNull() & F.col(TARGET_PRESENT).isNotNull()
+        touch = pair & any_of(resolved.matched) if matched_only else pair
+        columns = [F.collect_set(F.when(touch, F.col(FILE_ID_COL))).alias(TOUCHED_FILES)]
+        if probe.count_keys:
+            columns.append(F.max(F.when(pair, F.col(_ROWS_PER_KEY_COL))).alias(MAX_SOURCE_ROWS_PER_KEY))
+        return columns
+
+    return resolved.derive(("touch-observations", matched_only, probe.count_keys), build)
 
 
 def write_changes_map_side(

@@ -106,18 +106,9 @@ def find_touched_files(
     if not candidates:
         return TouchedFiles([], 0, source if keep_unmatched_source else None)
     partitions = join_partitions(spark, sum(f.size for f in candidates))
-    # Every target row crosses the shuffle with its file's identity: an int (the candidate's
-    # position, looked up in a constant map) instead of the path string, which at ~100 bytes
-    # a row was most of the shuffled bytes.
     spark_paths = spark_file_paths(spark, snapshot.location, candidates)
-    file_ids = F.from_json(F.lit(json.dumps({p: i for i, p in enumerate(spark_paths)})), "map<string,int>")
     src = source
-    tgt = (scan_files(spark, snapshot, candidates, with_row_id=True, schema=resolved.output_schema,
-                      spark_paths=spark_paths)
-           .withColumn(FILE_ID_COL, F.coalesce(
-               F.try_element_at(file_ids, F.col(FILE_PATH_COL)),
-               F.raise_error(F.concat(F.lit("MERGE scanned a file it did not select: "), F.col(FILE_PATH_COL)))))
-           .drop(FILE_PATH_COL))
+    tgt = scan_with_file_ids(spark, snapshot, candidates, resolved, spark_paths, keep_row_index=True)
     has_nmbs = bool(resolved.not_matched_by_source)
     source_columns = [c for c in source.columns if c not in (SOURCE_PRESENT, TARGET_PRESENT)]
     keep = bool(keep_unmatched_source)
@@ -169,6 +160,21 @@ def find_touched_files(
     elif checkpoint is not None:
         unmatched = checkpoint.filter(built.outside_candidates).select(*built.source_columns)
     return TouchedFiles(touched, matched_rows, unmatched, checkpoint)
+
+
+def scan_with_file_ids(spark: SparkSession, snapshot: Snapshot, candidates: Sequence[DataFile],
+                       resolved: ResolvedMerge, spark_paths: Sequence[str], *, keep_row_index: bool) -> DataFrame:
+    """The candidate files' rows, each with its file's position in ``candidates`` (FILE_ID_COL).
+
+    Every target row crosses a shuffle with its file's identity: an int looked up in a constant
+    map instead of the path string, which at ~100 bytes a row was most of the shuffled bytes."""
+    file_ids = F.from_json(F.lit(json.dumps({p: i for i, p in enumerate(spark_paths)})), "map<string,int>")
+    scan = (scan_files(spark, snapshot, candidates, with_row_id=True, schema=resolved.output_schema,
+                       spark_paths=spark_paths)
+            .withColumn(FILE_ID_COL, F.coalesce(
+                F.try_element_at(file_ids, F.col(FILE_PATH_COL)),
+                F.raise_error(F.concat(F.lit("MERGE scanned a file it did not select: "), F.col(FILE_PATH_COL))))))
+    return scan.drop(FILE_PATH_COL) if keep_row_index else scan.drop(FILE_PATH_COL, ROW_INDEX_COL)
 
 
 @dataclass(frozen=True)

@@ -133,19 +133,28 @@ def run_merge(spark: SparkSession, path: str, step: MergeStep) -> Mapping[str, A
     builder = DeltaTable.forPath(spark, path).alias("t").merge(source_df(spark, step).alias("s"), step.on.sql)
     for clause in step.clauses:
         builder = clause.add_to(builder)
+    # Which plan runs depends on the case only (so shrinking keeps it), and every plan faces the model.
     if len(step.source) % 2:
-        # Steps with an odd number of source rows find the touched files the way a large target
-        # does (the target streamed past the broadcast source, inserts found by key), so both
-        # strategies face the model; the choice depends on the case only, so shrinking keeps it.
-        builder = builder.withOptions(broadcast_scan_min_bytes=0)
+        # Odd numbers of source rows: Delta's two passes, finding the touched files the way a large
+        # target does (the target streamed past the broadcast source, inserts found by key).
+        builder = builder.withOptions(broadcast_scan_min_bytes=0, single_pass=False)
     elif "k" in step.source_columns and len({r["k"] for r in step.source}) == len(step.source):
         # Unique source keys, as the streaming sink hands them over with its observed stats: the
-        # MERGE may skip findTouchedFiles and rewrite every candidate file instead.
+        # MERGE may skip findTouchedFiles and rewrite every candidate file instead, or rewrite them
+        # in one pass that observes which were touched (no rows per key to count).
         keys = [r["k"] for r in step.source if r["k"] is not None]
         stats = SourceStats(len(step.source), {"k": (min(keys), max(keys)) if keys else (None, None)},
                             unique_keys=("k",))
-        builder = builder.withOptions(materialize_source="none", source_stats=stats,
-                                      rewrite_all_candidates_bytes=1 << 40)
+        builder = builder.withOptions(materialize_source="none", source_stats=stats)
+        builder = builder.withOptions(**({"rewrite_all_candidates_bytes": 1 << 40} if len(step.source) % 4 == 0
+                                         else {"single_pass_min_rows_per_file": 0}))
+    elif len(step.source) % 4 == 0:
+        # The one-pass rewrite whatever the source's size, counting the source rows per key to
+        # rule out multiple matches (and falling back to findTouchedFiles when one is possible).
+        builder = builder.withOptions(single_pass_min_rows_per_file=0)
+    else:
+        # Delta's two passes with the shuffled findTouchedFiles.
+        builder = builder.withOptions(single_pass=False)
     if len(step.clauses) % 2 == 0:
         # Inputs this small run interpreted by default (streaming_merge._interpreted); steps with
         # an even number of clauses run with generated code, so both execution modes face the model.

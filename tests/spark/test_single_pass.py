@@ -1,0 +1,138 @@
+"""The one-pass MERGE (MergeOptions.single_pass): every candidate file rewritten in one Spark job
+that also observes which candidates were touched and whether a target row could have matched
+two source rows. Each case runs the same MERGE on two copies of one table, one pass and Delta's
+two passes, and compares the tables, the metrics and the files left in the folder.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from typing import Any
+
+import deltalake
+import pytest
+from pyspark.sql import SparkSession
+
+from streaming_merge import DeltaTable
+from streaming_merge._profile import profiling
+from streaming_merge.errors import MultipleSourceRowMatchingTargetRowError
+
+# Times, and the new files' bytes: the two plans write the same rows in another order.
+PHYSICAL_METRICS = {"executionTimeMs", "scanTimeMs", "rewriteTimeMs", "numTargetBytesAdded"}
+SCHEMA = "id long, amount long, status string"
+
+
+@pytest.fixture()
+def even_ids(spark: SparkSession, tmp_path: Path) -> str:
+    """Ids 0, 2, .., 3998 in 4 files of 500 by range: an odd id inside a file's range is a new key."""
+    path = str(tmp_path / "even")
+    target = spark.range(0, 4000, 2).selectExpr("id", "id * 10 as amount", "'old' as status")
+    DeltaTable.createFromDataFrame(target.repartitionByRange(4, "id"), path)
+    return path
+
+
+def rows_by_id(path: str) -> list[dict[str, Any]]:
+    return sorted(deltalake.DeltaTable(path).to_pyarrow_table().to_pylist(),
+                  key=lambda r: (r["id"], r["amount"]))
+
+
+def parquet_files(path: str) -> int:
+    return sum(1 for _ in Path(path).rglob("*.parquet"))
+
+
+def run_merge(spark: SparkSession, path: str, folder: Path, rows: list[tuple[int, int, str]], clauses: str,
+              **options: Any) -> tuple[Any, int, dict[str, int]]:
+    """(metrics, Spark jobs, jobs per phase; counted by the status tracker) of a MERGE of ``rows``
+    (a Parquet folder) into ``path``."""
+    spark.createDataFrame(rows, SCHEMA).coalesce(1).write.mode("overwrite").parquet(str(folder))
+    source = spark.read.parquet(str(folder))
+    builder = DeltaTable.forPath(spark, path).alias("t").merge(source.alias("s"), "t.id = s.id")
+    if "update" in clauses:
+        builder = builder.whenMatchedUpdate(condition="s.amount > t.amount" if "conditional" in clauses else None,
+                                            set={"amount": "s.amount", "status": "s.status"})
+    if "insert" in clauses:
+        builder = builder.whenNotMatchedInsertAll()
+    with profiling() as profile:
+        metrics = builder.withOptions(**options).execute()
+    return metrics, profile.jobs, {name: stats.jobs for name, stats in profile.phases.items()}
+
+
+def both_ways(spark: SparkSession, path: str, tmp_path: Path, rows: list[tuple[int, int, str]],
+              clauses: str = "update insert") -> tuple[dict[str, Any], int, dict[str, int]]:
+    """Run the MERGE one pass (default options) and two passes on a copy; assert the same table,
+    metrics and folder; return the one-pass run's metrics, jobs and jobs per phase."""
+    copy = str(tmp_path / "two_passes")
+    shutil.copytree(path, copy)
+    one, jobs, phases = run_merge(spark, path, tmp_path / "src1", rows, clauses)
+    two, _, two_phases = run_merge(spark, copy, tmp_path / "src2", rows, clauses, single_pass=False)
+    assert two_phases.get("findTouchedFiles", 0) >= 1
+    assert rows_by_id(path) == rows_by_id(copy)
+    assert {k: v for k, v in one.items() if k not in PHYSICAL_METRICS} == \
+        {k: v for k, v in two.items() if k not in PHYSICAL_METRICS}
+    assert parquet_files(path) == parquet_files(copy), "a discarded pass left files behind"
+    return dict(one.items()), jobs, phases
+
+
+def test_an_upsert_touching_every_candidate_is_one_job_after_materializing(
+        spark: SparkSession, even_ids: str, tmp_path: Path) -> None:
+    # 40 updates spread over the 4 files plus 10 new ids: 10 source rows per candidate file.
+    rows = [(i, 1_000_000 + i, "new") for i in range(0, 4000, 100)] + [(i, 7, "ins") for i in range(5001, 5011)]
+    metrics, jobs, phases = both_ways(spark, even_ids, tmp_path, rows)
+    assert jobs == 2 and phases.get("findTouchedFiles", 0) == 0 and phases["writeAllChanges"] == 1
+    assert (metrics["numTargetFilesRemoved"], metrics["numTargetRowsUpdated"], metrics["numTargetRowsInserted"],
+            metrics["numTargetRowsCopied"], metrics["numSourceRows"]) == (4, 40, 10, 1960, 50)
+    table = {r["id"]: r for r in rows_by_id(even_ids)}
+    assert len(table) == 2010 and table[100]["amount"] == 1_000_100 and table[102]["status"] == "old"
+    assert table[5001]["status"] == "ins"
+
+
+def test_an_untouched_candidate_is_left_alone_after_the_pass(
+        spark: SparkSession, even_ids: str, tmp_path: Path) -> None:
+    """The last file's range only receives new (odd) ids: it is a candidate the pass finds
+    untouched, so its files are deleted and the three touched files are rewritten."""
+    rows = [(i, 1_000_000 + i, "new") for i in range(0, 3000, 100)] + [(i, 7, "ins") for i in range(3001, 3999, 100)]
+    metrics, jobs, phases = both_ways(spark, even_ids, tmp_path, rows)
+    assert phases.get("findTouchedFiles", 0) == 0 and phases["writeAllChanges"] == 2 and jobs == 3
+    assert (metrics["numTargetFilesAfterSkipping"], metrics["numTargetFilesRemoved"]) == (4, 3)
+    assert (metrics["numTargetRowsUpdated"], metrics["numTargetRowsInserted"]) == (30, 10)
+    assert metrics["numTargetRowsCopied"] + 30 < 2000  # the untouched file's rows were not copied
+
+
+def test_matched_only_counts_a_file_touched_only_where_a_clause_applies(
+        spark: SparkSession, even_ids: str, tmp_path: Path) -> None:
+    """Conditional update only: the matches in the first file all fail the clause's condition,
+    so that file is not touched (Delta's findTouchedFiles rule for MATCHED-only MERGEs)."""
+    rows = [(i, -1, "lower") for i in range(0, 1000, 20)] + [(i, 1_000_000, "new") for i in range(1000, 4000, 20)]
+    metrics, _, phases = both_ways(spark, even_ids, tmp_path, rows, "update conditional")
+    assert phases.get("findTouchedFiles", 0) == 0
+    assert (metrics["numTargetFilesRemoved"], metrics["numTargetRowsUpdated"]) == (3, 150)
+    assert {r["status"] for r in rows_by_id(even_ids) if r["id"] < 1000} == {"old"}
+
+
+def test_duplicate_keys_among_inserts_only_stay_one_pass(
+        spark: SparkSession, even_ids: str, tmp_path: Path) -> None:
+    """Two source rows of one new key both insert (Delta's rule); no target row can match two."""
+    rows = [(i, 1, "new") for i in range(0, 4000, 100)] + [(5001, 1, "a"), (5001, 2, "b")]
+    metrics, jobs, _ = both_ways(spark, even_ids, tmp_path, rows)
+    assert jobs == 2 and metrics["numTargetRowsInserted"] == 2
+    assert [r["status"] for r in rows_by_id(even_ids) if r["id"] == 5001] == ["a", "b"]
+
+
+def test_two_source_rows_matching_one_target_row_fail_as_delta_does_and_leave_no_files(
+        spark: SparkSession, even_ids: str, tmp_path: Path) -> None:
+    before, files_before = rows_by_id(even_ids), parquet_files(even_ids)
+    version = deltalake.DeltaTable(even_ids).version()
+    rows = [(i, 1, "new") for i in range(0, 4000, 100)] + [(200, 2, "again")]
+    with pytest.raises(MultipleSourceRowMatchingTargetRowError, match=r"id=200 \(matched by 2 source rows\)"):
+        run_merge(spark, even_ids, tmp_path / "src", rows, "update insert")
+    assert deltalake.DeltaTable(even_ids).version() == version
+    assert rows_by_id(even_ids) == before and parquet_files(even_ids) == files_before
+
+
+def test_too_few_source_rows_per_candidate_keep_the_two_passes(
+        spark: SparkSession, even_ids: str, tmp_path: Path) -> None:
+    rows = [(i, 1, "new") for i in range(0, 4000, 500)]  # 2 rows per file, below 8
+    _, _, phases = run_merge(spark, even_ids, tmp_path / "src", rows, "update insert")
+    assert phases["findTouchedFiles"] >= 1
+    assert {r["id"] for r in rows_by_id(even_ids) if r["status"] == "new"} == set(range(0, 4000, 500))
