@@ -32,6 +32,7 @@ from pyspark.sql.types import (
 
 from streaming_merge._interpreted import DEFAULT_INTERPRETED_MAX_ROWS, interpreted_if_small, rows_of
 from streaming_merge._profile import phase
+from streaming_merge._slots import task_slots
 from streaming_merge._spark_conf import temporary_conf
 from streaming_merge.errors import MaterializedSourceLostError, MergeAssignmentOverflowError
 from streaming_merge.merge.clauses import ClauseSet, MergeClause, expr_text
@@ -580,6 +581,10 @@ def _single_pass(spark: SparkSession, snapshot: Snapshot, candidates: list[DataF
     with phase(spark, "writeAllChanges", f"MERGE operation - Rewriting {len(candidates)} candidate files in one pass"):
         layout = FileLayout(options.repartition_before_write, options.target_file_size,
                             sum(f.size for f in candidates) + source_bytes, options.min_parallel_file_size)
+        if not snapshot.partition_columns:
+            # As many join tasks as output files: coalescing 3 join partitions into 2 files left
+            # one core with twice the rows of the other.
+            probe = replace(probe, partitions=layout.files(task_slots(spark)))
         result = write_all_changes(spark, snapshot, candidates, source, resolved,
                                    optimize_matched_only=options.optimize_matched_only, layout=layout,
                                    broadcast_source=broadcast, probe=probe)

@@ -17,6 +17,7 @@ from typing import Any
 from pyspark.sql import Column, DataFrame, Observation, SparkSession, Window
 from pyspark.sql import functions as F
 
+from streaming_merge._slots import task_slots
 from streaming_merge.merge.resolve import (
     SOURCE_PRESENT,
     TARGET_PRESENT,
@@ -172,7 +173,7 @@ class FileLayout:
 def _write(spark: SparkSession, snapshot: Snapshot, frame: DataFrame, resolved: ResolvedMerge,
            layout: FileLayout) -> list[WrittenFile]:
     partition_columns = snapshot.partition_columns
-    parallelism = max(1, int(spark.sparkContext.defaultParallelism))
+    parallelism = task_slots(spark)
     if partition_columns and layout.repartition:
         buckets = max(1, min(int(spark.conf.get("spark.sql.shuffle.partitions") or 1),
                              parallelism * layout.files_by_size))
@@ -209,6 +210,9 @@ def write_all_changes(
         source = F.broadcast(source)
     src = (source.alias(resolved.source_alias).withColumn(SOURCE_PRESENT, F.lit(True))
            .observe(src_obs, F.count(F.lit(1)).alias("rows")))
+    if probe is not None and broadcast_source and not matched_only:
+        # The candidates are shuffled anyway; hashing the small source beats sorting every target row.
+        src = src.hint("shuffle_hash")
     tgt = tgt_scan.alias(resolved.target_alias).withColumn(TARGET_PRESENT, F.lit(True))
     joined = src.join(tgt, resolved.condition, "right_outer" if matched_only else "full_outer")
 

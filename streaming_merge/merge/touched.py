@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
+from streaming_merge._slots import task_slots
 from streaming_merge.errors import MultipleSourceRowMatchingTargetRowError
 from streaming_merge.merge.materialize import storage_level
 from streaming_merge.merge.resolve import (
@@ -66,7 +67,7 @@ def any_of(clauses: Sequence[ResolvedClause]) -> Column:
 def join_partitions(spark: SparkSession, num_bytes: int) -> int:
     """Shuffle partitions for a MERGE join over ``num_bytes`` of target files: enough to use
     every core on big inputs, one for small ones (each empty task costs milliseconds)."""
-    parallelism = max(1, int(spark.sparkContext.defaultParallelism))
+    parallelism = task_slots(spark)
     return max(1, min(parallelism, -(-num_bytes // _BYTES_PER_JOIN_PARTITION)))
 
 
