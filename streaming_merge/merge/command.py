@@ -551,7 +551,8 @@ def _single_pass_probe(spark: SparkSession, snapshot: Snapshot, options: MergeOp
     if not all(target_types.get(t) == source_types.get(s) and _groups_as_it_joins(source_types[s]) for t, s in pairs):
         return None
     return TouchProbe(
-        spark_paths=tuple(spark_file_paths(spark, snapshot.location, candidates)),
+        spark_paths=(None if len({f.size for f in candidates}) == len(candidates)
+                     else tuple(spark_file_paths(spark, snapshot.location, candidates))),
         target_keys=tuple(t for t, _ in pairs),
         source_keys=tuple(s for _, s in pairs),
         count_keys=not _single_match(snapshot, source, stats, pairs),
@@ -589,16 +590,21 @@ def _single_pass(spark: SparkSession, snapshot: Snapshot, candidates: list[DataF
                                    optimize_matched_only=options.optimize_matched_only, layout=layout,
                                    broadcast_source=broadcast, probe=probe)
     assert result.touched is not None
-    if result.max_source_rows_per_key <= 1 and len(result.touched) == len(candidates):
+    position = ({f.size: i for i, f in enumerate(candidates)} if probe.spark_paths is None
+                else {i: i for i in range(len(candidates))})
+    touched = sorted(position[key] for key in result.touched if key in position)
+    if result.max_source_rows_per_key <= 1 and len(touched) == len(result.touched) == len(candidates):
         return result, list(candidates)
     delete_written(spark, snapshot.location, result.files)
-    if result.max_source_rows_per_key > 1:
-        log.info("MERGE into %s: a key of a matched pair has %d source rows; finding the touched files",
-                 snapshot.location, result.max_source_rows_per_key)
+    if result.max_source_rows_per_key > 1 or len(touched) != len(result.touched):
+        # A key with two source rows may be a multiple match; a file identity we did not hand
+        # out (a size the log does not give) means we cannot say which files were touched.
+        log.info("MERGE into %s: one pass inconclusive (most source rows per matched key %d); finding the "
+                 "touched files", snapshot.location, result.max_source_rows_per_key)
         return None, None
     log.info("MERGE into %s: %d of %d candidate files touched; rewriting those", snapshot.location,
-             len(result.touched), len(candidates))
-    return None, [candidates[i] for i in sorted(result.touched)]
+             len(touched), len(candidates))
+    return None, [candidates[i] for i in touched]
 
 
 def _single_match(snapshot: Snapshot, source: DataFrame, stats: SourceStats,

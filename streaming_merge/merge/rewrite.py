@@ -46,8 +46,8 @@ _ROWS_PER_KEY_COL = "__sm_rows_per_key__"
 class RewriteResult:
     files: list[WrittenFile]
     counts: dict[str, int]
-    # Set by a one-pass rewrite (TouchProbe): the candidates (positions) that held a matched
-    # row the clauses act on, and the most source rows that share the key of a matched pair
+    # Set by a one-pass rewrite (TouchProbe): the candidates (positions, or sizes) that held a
+    # matched row the clauses act on, and the most source rows that share the key of a matched pair
     # (1 when the source's keys were known unique).
     touched: frozenset[int] | None = None
     max_source_rows_per_key: int = 0
@@ -65,7 +65,9 @@ class TouchProbe:
     columns whose rows per key are counted (a window on the source, hash-partitioned on the keys
     as the join needs it anyway); empty when the caller knows the source's keys are unique."""
 
-    spark_paths: tuple[str, ...]  # the candidates' paths as Spark reports them, in order
+    # The candidates' paths as Spark reports them, in order, to tell their rows apart; None when
+    # their sizes are distinct, which then do that for free (RewriteResult.touched holds sizes).
+    spark_paths: tuple[str, ...] | None
     target_keys: tuple[str, ...]
     source_keys: tuple[str, ...]
     count_keys: bool

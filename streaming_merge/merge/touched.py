@@ -26,7 +26,7 @@ from streaming_merge.merge.resolve import (
     ResolvedMerge,
     qualified,
 )
-from streaming_merge.table.scan import FILE_PATH_COL, ROW_INDEX_COL, scan_files, spark_file_paths
+from streaming_merge.table.scan import FILE_PATH_COL, FILE_SIZE_COL, ROW_INDEX_COL, scan_files, spark_file_paths
 from streaming_merge.table.snapshot import DataFile, Snapshot
 
 MAX_REPORTED_ROWS = 10
@@ -164,11 +164,18 @@ def find_touched_files(
 
 
 def scan_with_file_ids(spark: SparkSession, snapshot: Snapshot, candidates: Sequence[DataFile],
-                       resolved: ResolvedMerge, spark_paths: Sequence[str], *, keep_row_index: bool) -> DataFrame:
-    """The candidate files' rows, each with its file's position in ``candidates`` (FILE_ID_COL).
+                       resolved: ResolvedMerge, spark_paths: Sequence[str] | None, *, keep_row_index: bool
+                       ) -> DataFrame:
+    """The candidate files' rows, each with its file's identity (FILE_ID_COL): the file's
+    position in ``candidates``, or with ``spark_paths`` None its size, which the caller found
+    distinct among the candidates (a constant per file, no per-row lookup).
 
     Every target row crosses a shuffle with its file's identity: an int looked up in a constant
     map instead of the path string, which at ~100 bytes a row was most of the shuffled bytes."""
+    if spark_paths is None:
+        scan = scan_files(spark, snapshot, candidates, with_row_id=keep_row_index, schema=resolved.output_schema,
+                          with_file_size=True)
+        return scan.withColumnRenamed(FILE_SIZE_COL, FILE_ID_COL).drop(FILE_PATH_COL)
     file_ids = F.from_json(F.lit(json.dumps({p: i for i, p in enumerate(spark_paths)})), "map<string,int>")
     scan = (scan_files(spark, snapshot, candidates, with_row_id=True, schema=resolved.output_schema,
                        spark_paths=spark_paths)

@@ -22,6 +22,7 @@ from streaming_merge.table.snapshot import DataFile, Snapshot
 from streaming_merge.table.write import partition_value_string
 
 FILE_PATH_COL = "_sm_file_path_"
+FILE_SIZE_COL = "_sm_file_size_"
 PINNED_SCAN_OPTION = "streaming_merge.pinnedFiles"
 ROW_INDEX_COL = "_sm_row_index_"
 
@@ -42,13 +43,16 @@ def scan_files(
     with_row_id: bool = False,
     schema: StructType | None = None,
     spark_paths: Sequence[str] | None = None,
+    with_file_size: bool = False,
 ) -> DataFrame:
     """DataFrame of the given files with the table's columns in table order.
 
     ``schema`` may be wider than the snapshot's (schema evolution): missing columns read
     as NULL. With ``with_row_id`` two extra columns identify each row: the file path
-    (as Spark reports it) and the row's index inside that file. ``spark_paths``: the files'
-    :func:`spark_file_paths` when the caller already has them (two py4j calls per file).
+    (as Spark reports it) and the row's index inside that file; with ``with_file_size`` a last
+    column (FILE_SIZE_COL) holds the size of the row's file, a constant per file that costs no
+    per-row work. ``spark_paths``: the files' :func:`spark_file_paths` when the caller already
+    has them (two py4j calls per file).
     """
     table_schema = schema or snapshot.schema
     partition_columns = snapshot.partition_columns
@@ -60,18 +64,22 @@ def scan_files(
     # The marker tells the MERGE that this read is pinned to immutable files of one version
     # (streaming_merge.merge.materialize.is_stable), so it need not be materialized.
     data = spark.read.schema(file_schema).option(PINNED_SCAN_OPTION, "true").parquet(*paths)
+    size = [F.col("_metadata.file_size").alias(FILE_SIZE_COL)] if with_file_size else []
     if not with_row_id and not partition_columns:  # no per-row file metadata to build
-        return data.select(*[F.col(f"`{f.name}`") for f in table_schema.fields])
+        return data.select(*[F.col(f"`{f.name}`") for f in table_schema.fields], *size)
     data = data.select(
         *[F.col(f"`{f.name}`") for f in file_schema.fields],
         F.col("_metadata.file_path").alias(FILE_PATH_COL),
         *([F.col("_metadata.row_index").alias(ROW_INDEX_COL)] if with_row_id else []),
+        *size,
     )
     if partition_columns:
         data = data.select("*", *_partition_value_columns(spark, snapshot, files, table_schema, spark_paths))
     ordered: list[Column] = [F.col(f"`{f.name}`") for f in table_schema.fields]
     if with_row_id:
         ordered += [F.col(FILE_PATH_COL), F.col(ROW_INDEX_COL)]
+    if with_file_size:
+        ordered.append(F.col(FILE_SIZE_COL))
     return data.select(*ordered)
 
 
