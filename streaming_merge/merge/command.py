@@ -593,14 +593,14 @@ def _single_pass(spark: SparkSession, snapshot: Snapshot, candidates: list[DataF
     position = ({f.size: i for i, f in enumerate(candidates)} if probe.spark_paths is None
                 else {i: i for i in range(len(candidates))})
     touched = sorted(position[key] for key in result.touched if key in position)
-    if result.max_source_rows_per_key <= 1 and len(touched) == len(result.touched) == len(candidates):
+    if not result.matched_key_shared and len(touched) == len(result.touched) == len(candidates):
         return result, list(candidates)
     delete_written(spark, snapshot.location, result.files)
-    if result.max_source_rows_per_key > 1 or len(touched) != len(result.touched):
+    if result.matched_key_shared or len(touched) != len(result.touched):
         # A key with two source rows may be a multiple match; a file identity we did not hand
         # out (a size the log does not give) means we cannot say which files were touched.
-        log.info("MERGE into %s: one pass inconclusive (most source rows per matched key %d); finding the "
-                 "touched files", snapshot.location, result.max_source_rows_per_key)
+        log.info("MERGE into %s: one pass inconclusive (a matched key with two source rows: %s); finding the "
+                 "touched files", snapshot.location, result.matched_key_shared)
         return None, None
     log.info("MERGE into %s: %d of %d candidate files touched; rewriting those", snapshot.location,
              len(touched), len(candidates))
