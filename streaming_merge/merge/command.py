@@ -446,9 +446,9 @@ def _merge(spark: SparkSession, request: MergeRequest, snapshot: Snapshot, resol
             if _rewrites_all_candidates(options, resolved, snapshot, source, stats, pairs, candidates):
                 decided = list(candidates)
             elif (probe := _single_pass_probe(spark, snapshot, options, resolved, source, stats, pairs, candidates,
-                                              broadcast)) is not None:
+                                              broadcast, source_bytes)) is not None:
                 one_pass_result, decided = _single_pass(spark, snapshot, candidates, source, resolved, options, probe,
-                                                        broadcast, source_bytes)
+                                                        broadcast, _layout(options, candidates, source_bytes))
             if decided is None:
                 map_side = broadcast and bool(resolved.not_matched) and not resolved.not_matched_by_source
                 broadcast_scan = (broadcast and not resolved.not_matched_by_source
@@ -471,9 +471,8 @@ def _merge(spark: SparkSession, request: MergeRequest, snapshot: Snapshot, resol
             result = one_pass_result
             metrics["rewriteTimeMs"] = _millis_since(scan_started)
         else:
-            layout = FileLayout(options.repartition_before_write, options.target_file_size,
-                                sum(f.size for f in to_rewrite) + source_bytes, options.min_parallel_file_size)
-            result = _rewrite(spark, snapshot, candidates, to_rewrite, source, resolved, touched, pairs, layout,
+            result = _rewrite(spark, snapshot, candidates, to_rewrite, source, resolved, touched, pairs,
+                              _layout(options, to_rewrite, source_bytes),
                               options.optimize_matched_only, broadcast)
             metrics["rewriteTimeMs"] = _millis_since(rewrite_started)
         metrics.update(result.counts)
@@ -530,7 +529,7 @@ def _rewrites_all_candidates(options: MergeOptions, resolved: ResolvedMerge, sna
 
 def _single_pass_probe(spark: SparkSession, snapshot: Snapshot, options: MergeOptions, resolved: ResolvedMerge,
                        source: DataFrame, stats: SourceStats, pairs: list[tuple[str, str]],
-                       candidates: Sequence[DataFile], broadcast: bool) -> TouchProbe | None:
+                       candidates: Sequence[DataFile], broadcast: bool, source_bytes: int) -> TouchProbe | None:
     """What the one-pass rewrite observes (MergeOptions.single_pass), or None where Delta's two
     passes are the better or the only sound plan: clauses on unmatched target rows (every
     candidate is then touched anyway, but the scan decides which rows), an unconditional delete
@@ -556,8 +555,17 @@ def _single_pass_probe(spark: SparkSession, snapshot: Snapshot, options: MergeOp
         target_keys=tuple(t for t, _ in pairs),
         source_keys=tuple(s for _, s in pairs),
         count_keys=not _single_match(snapshot, source, stats, pairs),
-        partitions=join_partitions(spark, candidate_bytes),
+        # Unpartitioned: as many join tasks as output files (coalescing 3 join partitions into 2
+        # files left one core with twice the rows of the other).
+        partitions=(join_partitions(spark, candidate_bytes) if snapshot.partition_columns
+                    else _layout(options, candidates, source_bytes).files(task_slots(spark))),
     )
+
+
+def _layout(options: MergeOptions, files: Sequence[DataFile], source_bytes: int) -> FileLayout:
+    """How the new files of a rewrite of ``files`` plus a source of ``source_bytes`` are cut."""
+    return FileLayout(options.repartition_before_write, options.target_file_size,
+                      sum(f.size for f in files) + source_bytes, options.min_parallel_file_size)
 
 
 _EXACT_KEY_TYPES = (IntegralType, DecimalType, DateType, TimestampType, TimestampNTZType, BooleanType, BinaryType)
@@ -574,18 +582,12 @@ def _groups_as_it_joins(data_type: DataType) -> bool:
 
 def _single_pass(spark: SparkSession, snapshot: Snapshot, candidates: list[DataFile], source: DataFrame,
                  resolved: ResolvedMerge, options: MergeOptions, probe: TouchProbe, broadcast: bool,
-                 source_bytes: int) -> tuple[RewriteResult | None, list[DataFile] | None]:
+                 layout: FileLayout) -> tuple[RewriteResult | None, list[DataFile] | None]:
     """Rewrite every candidate in one job and settle what it found: the result when every
     candidate was touched and no target row can have matched twice; otherwise its files are
     deleted and the touched candidates are returned for the rewrite (None: a target row may
     have matched two source rows, which Delta's findTouchedFiles decides, and reports)."""
     with phase(spark, "writeAllChanges", f"MERGE operation - Rewriting {len(candidates)} candidate files in one pass"):
-        layout = FileLayout(options.repartition_before_write, options.target_file_size,
-                            sum(f.size for f in candidates) + source_bytes, options.min_parallel_file_size)
-        if not snapshot.partition_columns:
-            # As many join tasks as output files: coalescing 3 join partitions into 2 files left
-            # one core with twice the rows of the other.
-            probe = replace(probe, partitions=layout.files(task_slots(spark)))
         result = write_all_changes(spark, snapshot, candidates, source, resolved,
                                    optimize_matched_only=options.optimize_matched_only, layout=layout,
                                    broadcast_source=broadcast, probe=probe)

@@ -184,21 +184,17 @@ def _write(spark: SparkSession, snapshot: Snapshot, frame: DataFrame, resolved: 
     several files, it is coalesced on its own and the inserts go to one file of their own."""
     partition_columns = snapshot.partition_columns
     parallelism = task_slots(spark)
-    if partition_columns or inserts is None:
-        frame = frame if inserts is None else frame.unionByName(inserts)
-        inserts = None
+    files = layout.files(parallelism)
+    if inserts is not None and (partition_columns or files == 1):
+        frame, inserts = frame.unionByName(inserts), None
     if partition_columns and layout.repartition:
         buckets = max(1, min(int(spark.conf.get("spark.sql.shuffle.partitions") or 1),
                              parallelism * layout.files_by_size))
         frame = frame.repartition(buckets, *[F.col(f"`{c}`") for c in partition_columns])
     elif not partition_columns:
-        files = layout.files(parallelism)
-        if inserts is None:
-            frame = frame.coalesce(files)
-        elif files == 1:
-            frame = frame.unionByName(inserts).coalesce(1)
-        else:
-            frame = frame.coalesce(files).unionByName(inserts.coalesce(1))
+        frame = frame.coalesce(files)
+        if inserts is not None:
+            frame = frame.unionByName(inserts.coalesce(1))
     return write_files(spark, frame, snapshot.location, resolved.output_schema, partition_columns)
 
 
