@@ -68,8 +68,9 @@ from streaming_merge.streaming.scd2 import (
 )
 from streaming_merge.streaming.tombstones import Tombstones
 from streaming_merge.table.append import append_rows
+from streaming_merge.table.follow import FollowedTable
 from streaming_merge.table.location import TableLocation, resolve
-from streaming_merge.table.snapshot import Snapshot, load_snapshot, table_exists
+from streaming_merge.table.snapshot import Snapshot, table_exists
 from streaming_merge.table.write import parquet_write_conf
 
 log = logging.getLogger(__name__)
@@ -167,6 +168,7 @@ class MergeSink:
         self.target = target  # as given until the first batch resolves it with the session's file system
         self._storage_options = dict(storage_options or {})
         self._location: TableLocation | None = None
+        self._followed: FollowedTable | None = None  # the target, from one batch to the next
         partial = ignore_null_updates or unavailable_value is not None
         if partial and not key_list:
             raise ValueError("ignore_null_updates / unavailable_value need keys=[...]: a partial update is "
@@ -244,6 +246,7 @@ class MergeSink:
             self._tombstones = Tombstones(resolve(path, spark, self._storage_options), self._spec, retention,
                                           purge_every)
         self._location = location
+        self._followed = FollowedTable(location)
         self.target = location.uri
         return location
 
@@ -281,7 +284,8 @@ class MergeSink:
         """One attempt: the txn check, one materialization of the prepared batch (counts and
         key ranges observed in that job), the tombstone filter, the MERGE."""
         location = self._bind(spark)
-        snapshot = load_snapshot(location) if table_exists(location) else None
+        assert self._followed is not None
+        snapshot = self._followed.latest()
         if snapshot is not None:
             applied = snapshot.transaction_version(app_id)
             if applied is not None and applied >= batch_id:

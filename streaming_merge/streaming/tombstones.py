@@ -25,9 +25,10 @@ from streaming_merge.merge.skipping import ColumnScope, SkippingPlan, decoded_pa
 from streaming_merge.streaming.cdc import DELETE_FLAG, CdcSpec, values_newer_than
 from streaming_merge.streaming.compaction import AutoCompact, run_auto_compaction
 from streaming_merge.table.append import append_rows, recorded_now
+from streaming_merge.table.follow import FollowedTable
 from streaming_merge.table.location import TableLocation
 from streaming_merge.table.scan import scan_files
-from streaming_merge.table.snapshot import DataFile, Snapshot, load_snapshot, table_exists
+from streaming_merge.table.snapshot import DataFile, Snapshot, table_exists
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +50,7 @@ class Tombstones:
         if not spec.sequence_by:
             raise ValueError("tombstones need sequence_by: without it there is nothing to compare a late event to")
         self.path = path
+        self._followed = FollowedTable(path)
         self._spec = spec
         self._retention = retention
         self._purge_every = purge_every
@@ -59,8 +61,9 @@ class Tombstones:
         return self._spec.newer(target="d", source="e") or "true"
 
     def snapshot(self) -> Snapshot | None:
-        """The tombstone table as of now, or None before the first delete."""
-        return load_snapshot(self.path) if table_exists(self.path) else None
+        """The tombstone table as of now, or None before the first delete (this sink is its
+        writer: followed from batch to batch, see FollowedTable)."""
+        return self._followed.latest()
 
     def lookup_files(self, spark: SparkSession, snapshot: Snapshot | None,
                      key_ranges: Mapping[str, tuple[Any, Any]], oldest_sequence: Any = None) -> list[DataFile]:

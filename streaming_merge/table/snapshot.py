@@ -138,6 +138,19 @@ def advance(snapshot: Snapshot) -> Snapshot:
     return _snapshot_of(snapshot.location, table)
 
 
+def latest_version(snapshot: Snapshot) -> int:
+    """The newest version in the log of ``snapshot``'s table: a listing of the log from the
+    snapshot's handle, no load. Raises ``DeltaTableError`` when the log no longer holds the
+    handle's version (the table was deleted, or deleted and created again)."""
+    try:
+        # delta-rs exposes the listing only on its raw handle (DeltaTable has no public method for it).
+        return int(snapshot._table._table.get_latest_version())
+    except Exception as exc:
+        raise DeltaTableError(
+            f"The log of `{snapshot.table_path}` no longer reaches version {snapshot._table.version()}: {exc}"
+        ) from exc
+
+
 def _snapshot_of(location: TableLocation, table: _RsTable) -> Snapshot:
     metadata = table.metadata()
     schema = delta_json_to_spark(table.schema().to_json())

@@ -8,10 +8,12 @@ Results are read back with delta-rs and compared with the reference model.
 from __future__ import annotations
 
 import os
+import shutil
 import threading
 from typing import Any
 
 import deltalake
+import pyarrow.compute as pc
 import pytest
 from pyspark.sql import DataFrame, SparkSession
 
@@ -234,6 +236,38 @@ def test_a_second_writer_during_the_batch_is_handled(spark: SparkSession, table_
     assert state["interfered"] and sink.lastProgress["attempts"] == 2
     result = table_state(read(table_path))
     assert result[1]["name"] == "a2" and result[2]["amount"] == 1002
+
+
+def test_the_next_batch_sees_what_another_writer_committed_between_batches(
+        spark: SparkSession, table_path: str) -> None:
+    sink = cdc_sink(table_path)
+    sink(frame(spark, [{"id": 1, "lsn": 1, "op": "c", "name": "a", "amount": 1},
+                       {"id": 2, "lsn": 2, "op": "c", "name": "b", "amount": 2}]), 0)
+    deltalake.DeltaTable(table_path).update(updates={"amount": "amount + 1000"}, predicate="id = 2")
+    sink(frame(spark, [{"id": 1, "lsn": 3, "op": "u", "name": "a2", "amount": 5},
+                       {"id": 2, "lsn": 4, "op": "u", "name": "b2", "amount": None}]), 1)
+    result = table_state(read(table_path))
+    assert (result[1]["name"], result[2]["name"], result[2]["amount"]) == ("a2", "b2", None)
+    assert sink.lastProgress["attempts"] == 1 and sink.lastProgress["tableVersion"] == 3  # create, 0, update, 1
+
+
+def test_a_target_deleted_and_created_again_between_batches_is_read_afresh(
+        spark: SparkSession, table_path: str) -> None:
+    """The sink follows its table's log from batch to batch; a table whose versions started over
+    must not be committed to as if it were the old one (that would leave a gap in the log)."""
+    sink = cdc_sink(table_path, tombstones=False)
+    for batch_id in range(3):
+        sink(frame(spark, [{"id": batch_id, "lsn": batch_id, "op": "c", "name": "old", "amount": 1}]), batch_id)
+    old = deltalake.DeltaTable(table_path)
+    assert old.version() == 3  # created, then a MERGE per batch
+    kept = old.to_pyarrow_table().filter(pc.field("id") == 0)
+    shutil.rmtree(table_path)
+    deltalake.write_deltalake(table_path, kept)  # version 0 of a new table
+    sink(frame(spark, [{"id": 8, "lsn": 8, "op": "c", "name": "new", "amount": 2}]), 3)
+    new = deltalake.DeltaTable(table_path)
+    assert [h["version"] for h in new.history()] == [1, 0]
+    assert new.transaction_version("test-app") == 3
+    assert sorted(table_state(read(table_path))) == [0, 8]
 
 
 def test_real_streaming_query_with_progress_listener(spark: SparkSession, tmp_path: Any) -> None:
