@@ -28,7 +28,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming import StreamingQuery
 from pyspark.sql.types import StructType
 
-from streaming_merge import DeltaTable, MergeSink
+from streaming_merge import MergeSink
 from streaming_merge._interpreted import DEFAULT_INTERPRETED_MAX_ROWS, interpreted_if_small
 from streaming_merge.errors import StreamingMergeError
 from streaming_merge.kafka import debezium
@@ -44,8 +44,8 @@ from streaming_merge.session import local_session
 from streaming_merge.streaming.background import BackgroundCall
 from streaming_merge.streaming.scd2 import HISTORY_COLUMNS
 from streaming_merge.table.append import append_rows
+from streaming_merge.table.follow import FollowedTable
 from streaming_merge.table.location import resolve
-from streaming_merge.table.snapshot import load_snapshot
 from streaming_merge.table.write import parquet_write_conf
 
 if TYPE_CHECKING:
@@ -114,12 +114,13 @@ def row_columns(schema: StructType) -> StructType:
                        if f.name not in debezium.METADATA_COLUMNS and f.name not in HISTORY_COLUMNS])
 
 
-def _known_row_schema(spark: SparkSession, config: IngestConfig) -> StructType | None:
+def _known_row_schema(config: IngestConfig, target: FollowedTable) -> StructType | None:
     """The table's schema once it exists (it is the contract), else the given one; None when
-    it must be inferred from the records (first batch of a new table without --row-schema)."""
-    target = resolve(config.target, spark, config.storage_options)
-    if DeltaTable.isDeltaTable(spark, target):
-        return row_columns(load_snapshot(target).schema)
+    it must be inferred from the records (first batch of a new table without --row-schema).
+    ``target`` is followed from batch to batch: only the commits since the last batch are read."""
+    snapshot = target.latest()
+    if snapshot is not None:
+        return row_columns(snapshot.schema)
     if config.row_schema:
         return StructType.fromDDL(config.row_schema)
     return None
@@ -136,13 +137,16 @@ def batch_function(config: IngestConfig, on_progress: Callable[[dict[str, Any]],
     staged again from the Kafka records at the next storage level; the dead-letter append and
     the MERGE are idempotent per batch (Delta txn), so a rerun never applies anything twice."""
     sink = MergeSink(config.target, keys=config.keys, dead_letter=config.dead_letter, **change_options(config))
+    followed: list[FollowedTable] = []  # the target, for its schema (made by the first batch: it needs the session)
 
     def run_once(records: DataFrame, batch_id: int, level: str) -> dict[str, Any]:
         spark = records.sparkSession
+        if not followed:
+            followed.append(FollowedTable(resolve(config.target, spark, config.storage_options)))
         # A trigger reads at most maxOffsetsPerTrigger records: with a small bound the decode runs
         # without generated code (streaming_merge._interpreted), and the sink is told the count.
         with interpreted_if_small(spark, config.max_offsets_per_trigger, DEFAULT_INTERPRETED_MAX_ROWS):
-            decoded = _decode(records, config, level)
+            decoded = _decode(records, config, level, followed[0])
         dead_letters: BackgroundCall | None = None
         try:
             bad = decoded.num_malformed
@@ -194,10 +198,10 @@ def _dead_letters_beside(spark: SparkSession, config: IngestConfig, decoded: deb
                           "dead-letter-append")
 
 
-def _decode(records: DataFrame, config: IngestConfig, level: str) -> debezium.DecodedBatch:
+def _decode(records: DataFrame, config: IngestConfig, level: str, target: FollowedTable) -> debezium.DecodedBatch:
     """The batch's records decoded once (a local checkpoint at ``level``); the row schema is
     the configured or table's one, else inferred from this batch (its first only)."""
-    row_schema = _known_row_schema(records.sparkSession, config)
+    row_schema = _known_row_schema(config, target)
     inferred_from: DataFrame | None = None
     if row_schema is None:  # first batch of a new table only: inference needs a pass of its own
         records = inferred_from = records.localCheckpoint(eager=True, storageLevel=storage_level(level))

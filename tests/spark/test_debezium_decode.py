@@ -22,6 +22,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.types import LongType, StringType, StructField, StructType
 
 import jobs.kafka_cdc_ingest as job
+from streaming_merge._profile import profiling
 from streaming_merge.kafka import debezium
 from streaming_merge.kafka.source import SCHEMA
 from streaming_merge.merge.materialize import checkpoint_rdd_id
@@ -233,6 +234,26 @@ def test_a_new_table_without_a_row_schema_takes_the_inferred_one(spark: SparkSes
     assert [(f.name, f.type.type) for f in table.schema().fields][:2] == [("id", "long"), ("v", "string")]
     assert {r["id"]: r["v"] for r in table.to_pyarrow_table().to_pylist()} == {1: "b", 3: None}
     assert [(p["malformedRecords"], p["tombstones"]) for p in progress] == [(0, 1)]
+
+
+def test_once_its_tables_exist_a_batch_loads_no_delta_log_from_scratch(spark: SparkSession, tmp_path: Path,
+                                                                      query_id: str) -> None:
+    """The job reads the table's schema every batch (it is the decode's contract) and its sink
+    reads the target and the tombstones: all three follow the logs from the batch before,
+    reading only the commits since, instead of replaying them from the last checkpoint."""
+    config = job.IngestConfig(bootstrap_servers="unused:9092", topics=TOPIC, target=str(tmp_path / "items"),
+                              keys=["id"], checkpoint=str(tmp_path / "chk"), row_schema="id long, v string")
+    clean = [(key, value, TOPIC, partition, offset, None, 0, []) for partition, offset, key, value, _ in GOOD]
+    progress: list[dict[str, Any]] = []
+    run, _ = job.batch_function(config, progress.append)
+    for batch_id in range(2):
+        run(spark.createDataFrame(clean, SCHEMA), batch_id)
+    with profiling() as profile:
+        run(spark.createDataFrame(clean, SCHEMA), 2)
+    assert (profile.log_loads, profile.log_updates > 0) == (0, True)
+    assert deltalake.DeltaTable(config.target).transaction_version(query_id) == 2
+    assert deltalake.DeltaTable(f"{config.target}_tombstones").version() >= 0
+    assert [p["batchId"] for p in progress] == [0, 1, 2]
 
 
 def test_the_decode_plan_is_built_once_per_schema_and_options(spark: SparkSession) -> None:
