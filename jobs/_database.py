@@ -55,7 +55,7 @@ from jobs.kafka_cdc_ingest import (
     start_query,
 )
 from streaming_merge import MergeSink
-from streaming_merge.errors import StreamingMergeError
+from streaming_merge.errors import NotADeltaTableError, StreamingMergeError
 from streaming_merge.kafka import debezium
 from streaming_merge.kafka.routing import (
     DEBEZIUM_TOPIC_REGEX,
@@ -72,9 +72,9 @@ from streaming_merge.merge.materialize import (
 )
 from streaming_merge.table.append import append_rows
 from streaming_merge.table.commit import add_columns
+from streaming_merge.table.follow import FollowedTable
 from streaming_merge.table.location import resolve
 from streaming_merge.table.schema import evolve
-from streaming_merge.table.snapshot import load_snapshot, table_exists
 
 log = logging.getLogger("jobs.kafka_cdc_ingest.database")
 
@@ -278,6 +278,8 @@ class DatabaseBatches:
         self.sinks: dict[str, MergeSink] = {}
         self.table_keys: dict[str, tuple[str, ...]] = {}  # table path → the keys its sink merges by
         self._owners: dict[str, str] = {}  # table path → the topic routed there in this process
+        # table path → its log, followed from batch to batch (each batch reads only the commits since)
+        self._followed: dict[str, FollowedTable] = {}
 
     def __call__(self, records: DataFrame, batch_id: int) -> None:
         self._on_progress(staged_again_on_lost_blocks(self._run_once, records, batch_id))
@@ -322,8 +324,13 @@ class DatabaseBatches:
         return {"batchId": batch_id, "kafkaRecords": records_count, "tombstones": records_count - values_count,
                 "malformedRecords": malformed, "tables": table_progress}
 
+    def _table(self, spark: SparkSession, path: str) -> FollowedTable:
+        if path not in self._followed:
+            self._followed[path] = FollowedTable(resolve(path, spark, self.config.storage_options))
+        return self._followed[path]
+
     def _plan(self, spark: SparkSession, topic: str, variants: list[Variant]) -> TopicPlan:
-        """Route the topic, read its table's schema (one log load), plan it."""
+        """Route the topic, read its table's schema (the commits since the last batch), plan it."""
         table_schema = None
         try:
             path = self.router.route(topic)
@@ -335,9 +342,9 @@ class DatabaseBatches:
                 raise StreamingMergeError(
                     f"Topics '{owner}' and '{topic}' both route to `{path}`; give a --table-path-template (and "
                     "--topic-regex) that tells their tables apart. Nothing of this batch was written.")
-            location = resolve(path, spark, self.config.storage_options)
-            if table_exists(location):
-                table_schema = row_columns(load_snapshot(location).schema)
+            snapshot = self._table(spark, path).latest()
+            if snapshot is not None:
+                table_schema = row_columns(snapshot.schema)
         return plan_topic(topic, variants, self.router, self.config.keys, table_schema,
                           known_keys=self.table_keys.get(path or "", ()))
 
@@ -387,8 +394,10 @@ class DatabaseBatches:
         plan, decoded = table.plan, table.decoded
         assert plan.path is not None and decoded is not None
         if plan.new_columns:
-            location = resolve(plan.path, spark, self.config.storage_options)
-            snapshot = load_snapshot(location)
+            snapshot = self._table(spark, plan.path).latest()
+            if snapshot is None:  # it existed when the batch was planned
+                raise NotADeltaTableError(f"`{plan.path}` is no longer a Delta table; nothing of this batch was "
+                                          "written to it.")
             evolved = evolve(snapshot.schema, StructType(list(plan.new_columns)))
             if len(evolved.fields) > len(snapshot.schema.fields):
                 log.info("Table %s: adding column(s) %s", plan.path,
