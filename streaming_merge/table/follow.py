@@ -11,10 +11,11 @@ delta-rs handle.
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 from streaming_merge.errors import DeltaTableError
 from streaming_merge.table.location import TableLocation
-from streaming_merge.table.snapshot import Snapshot, advance, latest_version, load_snapshot, table_exists
+from streaming_merge.table.snapshot import Snapshot, advance, commits_down_to, load_snapshot, table_exists
 
 log = logging.getLogger(__name__)
 
@@ -28,21 +29,36 @@ class FollowedTable:
     def __init__(self, location: TableLocation) -> None:
         self._location = location
         self._last: Snapshot | None = None
+        # The commitInfo of the last snapshot's version: its identity, checked on the next advance.
+        self._seen: dict[str, Any] | None = None
 
     def latest(self) -> Snapshot | None:
         """The table as of now, None when it does not exist: the previous snapshot advanced by
-        the commits since, or the log loaded afresh the first time, and whenever the log no
-        longer reaches the previous snapshot's version (the table was deleted, or deleted and
-        created again, so its versions started over)."""
+        the commits since, or the log loaded afresh the first time, and whenever the previous
+        snapshot's commit is no longer in the log as it was read (the table was deleted, or
+        deleted and created again: its versions started over, possibly past the old one)."""
         if self._last is not None:
             try:
-                latest_version(self._last)
-                self._last = advance(self._last)
-                return self._last
+                return self._advance(self._last)
             except DeltaTableError as exc:
                 log.info("Reading the log of %s afresh: %s", self._location, exc)
-                self._last = None
+                self._last = self._seen = None
         if not table_exists(self._location):
             return None
         self._last = load_snapshot(self._location)
+        self._seen = commits_down_to(self._last, self._last.version).get(self._last.version)
         return self._last
+
+    def _advance(self, last: Snapshot) -> Snapshot:
+        """``last`` moved on by the commits since; raises ``DeltaTableError`` when the log no
+        longer holds ``last``'s commit. Checked after moving, with the same history read: a
+        table created again with more versions than before advances without an error, onto
+        commits of another table."""
+        latest = advance(last)
+        commits = commits_down_to(latest, last.version)
+        if commits.get(last.version) != self._seen:
+            raise DeltaTableError(
+                f"version {last.version} of `{self._location}` is no longer the commit this stream read"
+            )
+        self._last, self._seen = latest, commits.get(latest.version)
+        return latest

@@ -138,17 +138,15 @@ def advance(snapshot: Snapshot) -> Snapshot:
     return _snapshot_of(snapshot.location, table)
 
 
-def latest_version(snapshot: Snapshot) -> int:
-    """The newest version in the log of ``snapshot``'s table: a listing of the log from the
-    snapshot's handle, no load. Raises ``DeltaTableError`` when the log no longer holds the
-    handle's version (the table was deleted, or deleted and created again)."""
+def commits_down_to(snapshot: Snapshot, version: int) -> dict[int, dict[str, Any]]:
+    """The ``commitInfo`` of every commit from ``snapshot.version`` down to ``version``, by
+    version, read from the log's files (not from the handle's memory): what identifies a
+    commit, so a follower can tell that the log it advanced is still the one it read."""
     try:
-        # delta-rs exposes the listing only on its raw handle (DeltaTable has no public method for it).
-        return int(snapshot._table._table.get_latest_version())
+        entries = snapshot._table.history(snapshot.version - version + 1)
     except Exception as exc:
-        raise DeltaTableError(
-            f"The log of `{snapshot.table_path}` no longer reaches version {snapshot._table.version()}: {exc}"
-        ) from exc
+        raise DeltaTableError(f"Cannot read the commit history of `{snapshot.table_path}`: {exc}") from exc
+    return {int(entry["version"]): entry for entry in entries if "version" in entry}
 
 
 def _snapshot_of(location: TableLocation, table: _RsTable) -> Snapshot:

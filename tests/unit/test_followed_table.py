@@ -78,3 +78,34 @@ def test_a_table_created_again_with_fewer_versions_is_read_afresh(tmp_path: Path
     assert again is not None and again.version == 0
     assert {f.path for f in again.files} == _files(path) and again.files[0].num_records == 2
     assert profile.log_loads == 1
+
+
+def test_a_table_created_again_with_more_versions_is_read_afresh(tmp_path: Path) -> None:
+    path = tmp_path / "t"
+    for i in range(2):
+        _append(path, [i])
+    followed = FollowedTable(resolve(str(path)))
+    old = followed.latest()
+    assert old is not None and old.version == 1
+    shutil.rmtree(path)
+    for i in range(4):  # versions 0..3 of a new table: the log still reaches version 1
+        _append(path, [10 + i])
+    again = followed.latest()
+    assert again is not None and again.version == 3
+    assert {f.path for f in again.files} == _files(path) and len(again.files) == 4
+
+
+def test_a_table_created_again_with_as_many_versions_is_read_afresh(tmp_path: Path) -> None:
+    path = tmp_path / "t"
+    for i in range(2):
+        _append(path, [i])
+    followed = FollowedTable(resolve(str(path)))
+    assert followed.latest() is not None
+    shutil.rmtree(path)
+    for i in range(2):
+        _append(path, [10 + i])
+    with profiling() as profile:
+        again = followed.latest()
+    assert again is not None and again.version == 1
+    assert {f.path for f in again.files} == _files(path)
+    assert profile.log_loads == 1
