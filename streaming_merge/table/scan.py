@@ -8,7 +8,9 @@ which together are a stable row id (Delta uses the file name the same way).
 
 from __future__ import annotations
 
+import functools
 import json
+import re
 from collections.abc import Sequence
 
 from pyspark.sql import Column, DataFrame, SparkSession
@@ -27,12 +29,31 @@ PINNED_SCAN_OPTION = "streaming_merge.pinnedFiles"
 ROW_INDEX_COL = "_sm_row_index_"
 
 
+# Relative paths that Spark's encoding (Hadoop ``Path.toUri``) leaves as they are: nothing to
+# quote, no segment that Path would normalize away. Writers name files ``part-...-<uuid>...``
+# and partition folders ``col=value``, so nearly every file's path is one of these.
+_PLAIN_PATH = re.compile(r"[A-Za-z0-9_=-][A-Za-z0-9._=-]*(/[A-Za-z0-9_=-][A-Za-z0-9._=-]*)*")
+_encoded_roots: dict[str, str] = {}
+
+
 def spark_file_paths(spark: SparkSession, table_path: TableRef, files: Sequence[DataFile]) -> list[str]:
     """Each file's path exactly as Spark's ``_metadata.file_path`` reports it (URL-encoded):
-    the table root as Hadoop qualifies it (``file:/...``) plus the file's relative path."""
+    the table root as Hadoop qualifies it (``file:/...``) plus the file's relative path.
+
+    Spark encodes through the JVM (two Python->JVM calls a file: ~0.2 ms, so 200 ms for a
+    MERGE over 1,000 candidate files); a plain relative path is appended to the root encoded
+    once instead, and only the others go through the JVM."""
     root = resolve(table_path, spark).uri
-    from_path_string = jvm_class(spark, "org.apache.spark.paths.SparkPath").fromPathString  # looked up once
-    return [from_path_string(f"{root}/{f.path}").urlEncoded() for f in files]
+    from_path_string = functools.cache(lambda: jvm_class(spark, "org.apache.spark.paths.SparkPath").fromPathString)
+
+    def encode(path: str) -> str:
+        return str(from_path_string()(path).urlEncoded())
+
+    encoded_root = _encoded_roots.get(root)
+    if encoded_root is None and any(_PLAIN_PATH.fullmatch(f.path) for f in files):
+        encoded_root = _encoded_roots.setdefault(root, encode(root))
+    return [f"{encoded_root}/{f.path}" if _PLAIN_PATH.fullmatch(f.path) else encode(f"{root}/{f.path}")
+            for f in files]
 
 
 def scan_files(

@@ -281,6 +281,22 @@ def test_partitioned_by_string_int_date_boolean_with_nulls(spark: SparkSession, 
     assert all(os.path.isfile(snapshot.absolute_path(f.path).removeprefix("file:")) for f in snapshot.files)
 
 
+def test_spark_file_paths_are_the_paths_spark_reports_plain_or_quoted(spark: SparkSession, tmp_path: Path) -> None:
+    """Plain relative paths are joined to the root encoded once, in Python; the rest (a space,
+    a '%', a non-ASCII letter) go through Spark's own encoding. Both must be what Spark
+    reports, under a root that needs quoting itself."""
+    root = str(tmp_path / "root with space % é")
+    df = spark.createDataFrame([(1, "plain"), (2, "a b"), (3, "c%d"), (4, "é"), (5, "x.y")], "id long, p string")
+    create_table(spark, df, root, ["p"])
+    snapshot = load_snapshot(root)
+    folders = {part for f in snapshot.files for part in f.path.split("/") if part.startswith("p=")}
+    assert {"p=plain", "p=x.y", "p=a b"} <= folders and len(folders) == 5
+    reported = {r[FILE_PATH_COL]: r["id"] for r in
+                scan_files(spark, snapshot, snapshot.files, with_row_id=True).select(FILE_PATH_COL, "id").collect()}
+    assert sorted(spark_file_paths(spark, root, snapshot.files)) == sorted(reported)
+    assert spark_file_paths(spark, root, snapshot.files) == spark_file_paths(spark, root, snapshot.files)
+
+
 def test_partitioned_by_decimal_and_timestamp_ntz_and_removed(spark: SparkSession, table_path: str) -> None:
     """Round trip, then a commit removing every file: the remove actions carry the same
     partition values as the adds (``0.000000000000000000``, not ``0E-18``; ``0999-...``)."""
