@@ -59,6 +59,7 @@ from streaming_merge.table.files import HadoopFiles
 from streaming_merge.table.scan import FILE_PATH_COL, ROW_INDEX_COL, scan_files, spark_file_paths
 from streaming_merge.table.snapshot import DataFile, Snapshot, load_snapshot
 from streaming_merge.table.write import write_files
+from tests.job_count import jobs_of
 
 UTC = dt.UTC
 
@@ -295,6 +296,23 @@ def test_spark_file_paths_are_the_paths_spark_reports_plain_or_quoted(spark: Spa
                 scan_files(spark, snapshot, snapshot.files, with_row_id=True).select(FILE_PATH_COL, "id").collect()}
     assert sorted(spark_file_paths(spark, root, snapshot.files)) == sorted(reported)
     assert spark_file_paths(spark, root, snapshot.files) == spark_file_paths(spark, root, snapshot.files)
+
+
+def test_a_scan_of_many_files_lists_them_without_a_spark_job(spark: SparkSession, tmp_path: Path) -> None:
+    """Past 32 paths Spark lists a read's files in a job of one task per file (0.9 s for 400
+    files here, for every scan of a MERGE); local files are listed on the driver instead, and
+    the session's setting is as it was afterwards."""
+    path = str(tmp_path / "many")
+    for i in range(40):
+        deltalake.write_deltalake(path, pa.table({"id": pa.array([i], pa.int64())}), mode="append")
+    snapshot = load_snapshot(path)
+    assert len(snapshot.files) == 40
+    threshold = "spark.sql.sources.parallelPartitionDiscovery.threshold"
+    before = spark.conf.get(threshold, None)
+    jobs, scan = jobs_of(spark, lambda: scan_files(spark, snapshot, snapshot.files))
+    assert jobs == 0
+    assert spark.conf.get(threshold, None) == before
+    assert sorted(r["id"] for r in scan.collect()) == list(range(40))
 
 
 def test_partitioned_by_decimal_and_timestamp_ntz_and_removed(spark: SparkSession, table_path: str) -> None:
