@@ -315,6 +315,23 @@ def test_a_scan_of_many_files_lists_them_without_a_spark_job(spark: SparkSession
     assert sorted(r["id"] for r in scan.collect()) == list(range(40))
 
 
+def test_a_remote_store_keeps_sparks_listing_job_with_a_task_per_slot(spark: SparkSession) -> None:
+    """No remote store here to read from: what the scan asks Spark for, per location and count."""
+    from types import SimpleNamespace
+
+    from streaming_merge._slots import task_slots
+    from streaming_merge.table.scan import _listing_conf
+
+    def at(uri: str) -> Any:
+        return SimpleNamespace(location=SimpleNamespace(uri=uri))
+
+    assert _listing_conf(spark, at("s3a://bucket/t"), 32) == {}
+    assert _listing_conf(spark, at("s3a://bucket/t"), 400) == {
+        "spark.sql.sources.parallelPartitionDiscovery.parallelism": str(task_slots(spark))}
+    assert _listing_conf(spark, at("file:/data/t"), 400) == {
+        "spark.sql.sources.parallelPartitionDiscovery.threshold": "400"}
+
+
 def test_partitioned_by_decimal_and_timestamp_ntz_and_removed(spark: SparkSession, table_path: str) -> None:
     """Round trip, then a commit removing every file: the remove actions carry the same
     partition values as the adds (``0.000000000000000000``, not ``0E-18``; ``0999-...``)."""
