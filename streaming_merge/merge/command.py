@@ -36,6 +36,7 @@ from streaming_merge._slots import task_slots
 from streaming_merge._spark_conf import temporary_conf
 from streaming_merge.errors import MaterializedSourceLostError, MergeAssignmentOverflowError
 from streaming_merge.merge.clauses import ClauseSet, MergeClause, expr_text
+from streaming_merge.merge.file_ids import FileIds
 from streaming_merge.merge.key_presence import DEFAULT_KEY_PRESENCE_MAX_FILES, KeyPresenceProbe, key_presence_probe
 from streaming_merge.merge.materialize import (
     DEFAULT_STORAGE_LEVELS,
@@ -82,7 +83,6 @@ from streaming_merge.merge.skipping import (
 from streaming_merge.merge.touched import TouchedFiles, find_touched_files, join_partitions
 from streaming_merge.table.commit import CommitRequest, add_columns, commit
 from streaming_merge.table.location import TableLocation
-from streaming_merge.table.scan import spark_file_paths
 from streaming_merge.table.schema import check_partition_columns
 from streaming_merge.table.snapshot import DataFile, Snapshot, check_writable, load_snapshot
 from streaming_merge.table.write import delete_written
@@ -550,8 +550,7 @@ def _single_pass_probe(spark: SparkSession, snapshot: Snapshot, options: MergeOp
     if not all(target_types.get(t) == source_types.get(s) and _groups_as_it_joins(source_types[s]) for t, s in pairs):
         return None
     return TouchProbe(
-        spark_paths=(None if len({f.size for f in candidates}) == len(candidates)
-                     else tuple(spark_file_paths(spark, snapshot.location, candidates))),
+        file_ids=FileIds.of(spark, snapshot, candidates),
         target_keys=tuple(t for t, _ in pairs),
         source_keys=tuple(s for _, s in pairs),
         count_keys=not _single_match(snapshot, source, stats, pairs),
@@ -592,9 +591,8 @@ def _single_pass(spark: SparkSession, snapshot: Snapshot, candidates: list[DataF
                                    optimize_matched_only=options.optimize_matched_only, layout=layout,
                                    broadcast_source=broadcast, probe=probe)
     assert result.touched is not None
-    position = ({f.size: i for i, f in enumerate(candidates)} if probe.spark_paths is None
-                else {i: i for i in range(len(candidates))})
-    touched = sorted(position[key] for key in result.touched if key in position)
+    positions = [probe.file_ids.position(file_id) for file_id in result.touched]
+    touched = sorted(p for p in positions if p is not None)
     if not result.matched_key_shared and len(touched) == len(result.touched) == len(candidates):
         return result, list(candidates)
     delete_written(spark, snapshot.location, result.files)

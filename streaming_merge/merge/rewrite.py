@@ -18,6 +18,7 @@ from pyspark.sql import Column, DataFrame, Observation, SparkSession, Window
 from pyspark.sql import functions as F
 
 from streaming_merge._slots import task_slots
+from streaming_merge.merge.file_ids import FileIds
 from streaming_merge.merge.resolve import (
     SOURCE_PRESENT,
     TARGET_PRESENT,
@@ -41,7 +42,7 @@ TOUCHED_FILES = "touchedFileIds"
 _ROWS_PER_KEY_COL = "__sm_rows_per_key__"
 # Observed among the touched files' identities (positions and sizes are never negative) when a
 # matched pair's key has two source rows.
-_SHARED_KEY = -1
+_SHARED_KEY = -1  # no file's id (FileIds)
 
 
 @dataclass(frozen=True)
@@ -67,9 +68,8 @@ class TouchProbe:
     per key are counted (a window on the source, hash-partitioned on the keys as the join needs
     it anyway); without, the caller knows the source's keys are unique."""
 
-    # The candidates' paths as Spark reports them, in order, to tell their rows apart; None when
-    # their sizes are distinct, which then do that for free (RewriteResult.touched holds sizes).
-    spark_paths: tuple[str, ...] | None
+    # How the candidates' rows name their file (RewriteResult.touched holds these ids).
+    file_ids: FileIds
     target_keys: tuple[str, ...]
     source_keys: tuple[str, ...]
     count_keys: bool
@@ -263,7 +263,7 @@ def _probed_sides(spark: SparkSession, snapshot: Snapshot, candidates: Sequence[
     positions; for a ``shuffled`` join both hash-partitioned on the join keys alike, so that the
     window's partitioning is the join's and nothing is shuffled twice."""
     source_keys = [F.col(f"`{k}`") for k in probe.source_keys]
-    target = scan_with_file_ids(spark, snapshot, candidates, resolved, probe.spark_paths, keep_row_index=False)
+    target = scan_with_file_ids(spark, snapshot, candidates, resolved, probe.file_ids, keep_row_index=False)
     if shuffled:
         source = source.repartition(probe.partitions, *source_keys)
         target = target.repartition(probe.partitions, *[F.col(f"`{k}`") for k in probe.target_keys])

@@ -9,7 +9,6 @@ multiple-match check fails.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -18,6 +17,7 @@ from pyspark.sql import functions as F
 
 from streaming_merge._slots import task_slots
 from streaming_merge.errors import MultipleSourceRowMatchingTargetRowError
+from streaming_merge.merge.file_ids import FileIds
 from streaming_merge.merge.materialize import storage_level
 from streaming_merge.merge.resolve import (
     SOURCE_PRESENT,
@@ -26,7 +26,7 @@ from streaming_merge.merge.resolve import (
     ResolvedMerge,
     qualified,
 )
-from streaming_merge.table.scan import FILE_PATH_COL, FILE_SIZE_COL, ROW_INDEX_COL, scan_files, spark_file_paths
+from streaming_merge.table.scan import FILE_PATH_COL, FILE_SIZE_COL, ROW_INDEX_COL, scan_files
 from streaming_merge.table.snapshot import DataFile, Snapshot
 
 MAX_REPORTED_ROWS = 10
@@ -107,9 +107,9 @@ def find_touched_files(
     if not candidates:
         return TouchedFiles([], 0, source if keep_unmatched_source else None)
     partitions = join_partitions(spark, sum(f.size for f in candidates))
-    spark_paths = spark_file_paths(spark, snapshot.location, candidates)
+    file_ids = FileIds.of(spark, snapshot, candidates)
     src = source
-    tgt = scan_with_file_ids(spark, snapshot, candidates, resolved, spark_paths, keep_row_index=True)
+    tgt = scan_with_file_ids(spark, snapshot, candidates, resolved, file_ids, keep_row_index=True)
     has_nmbs = bool(resolved.not_matched_by_source)
     source_columns = [c for c in source.columns if c not in (SOURCE_PRESENT, TARGET_PRESENT)]
     keep = bool(keep_unmatched_source)
@@ -151,9 +151,9 @@ def find_touched_files(
     if not exempt and any((row["max_matches"] or 0) > 1 for row in summary):
         offending = (per_row.filter(F.col("matches") > 1)
                      .orderBy(F.col("matches").desc()).limit(MAX_REPORTED_ROWS).collect())
-        _raise_multiple_matches(offending, key_columns, spark_paths)
+        _raise_multiple_matches(offending, key_columns, snapshot, candidates, file_ids)
 
-    touched = [candidates[row[FILE_ID_COL]] for row in summary if row["touch"]]
+    touched = [candidates[_position(file_ids, row[FILE_ID_COL])] for row in summary if row["touch"]]
     matched_rows = sum(int(row["matched_rows"] or 0) for row in summary)
     unmatched = None
     if checkpoint is not None and broadcast_source:
@@ -164,25 +164,17 @@ def find_touched_files(
 
 
 def scan_with_file_ids(spark: SparkSession, snapshot: Snapshot, candidates: Sequence[DataFile],
-                       resolved: ResolvedMerge, spark_paths: Sequence[str] | None, *, keep_row_index: bool
-                       ) -> DataFrame:
-    """The candidate files' rows, each with its file's identity (FILE_ID_COL): the file's
-    position in ``candidates``, or with ``spark_paths`` None its size, which the caller found
-    distinct among the candidates (a constant per file, no per-row lookup).
+                       resolved: ResolvedMerge, file_ids: FileIds, *, keep_row_index: bool) -> DataFrame:
+    """The candidate files' rows, each with its file's id (FILE_ID_COL, see :class:`FileIds`).
 
-    Every target row crosses a shuffle with its file's identity: an int looked up in a constant
-    map instead of the path string, which at ~100 bytes a row was most of the shuffled bytes."""
-    if spark_paths is None:
-        scan = scan_files(spark, snapshot, candidates, with_row_id=keep_row_index, schema=resolved.output_schema,
-                          with_file_size=True)
-        return scan.withColumnRenamed(FILE_SIZE_COL, FILE_ID_COL).drop(FILE_PATH_COL)
-    file_ids = F.from_json(F.lit(json.dumps({p: i for i, p in enumerate(spark_paths)})), "map<string,int>")
-    scan = (scan_files(spark, snapshot, candidates, with_row_id=True, schema=resolved.output_schema,
-                       spark_paths=spark_paths)
-            .withColumn(FILE_ID_COL, F.coalesce(
-                F.try_element_at(file_ids, F.col(FILE_PATH_COL)),
-                F.raise_error(F.concat(F.lit("MERGE scanned a file it did not select: "), F.col(FILE_PATH_COL))))))
-    return scan.drop(FILE_PATH_COL) if keep_row_index else scan.drop(FILE_PATH_COL, ROW_INDEX_COL)
+    Every target row crosses a shuffle with its file's identity: a number instead of the path
+    string, which at ~100 bytes a row was most of the shuffled bytes."""
+    with_row_id = keep_row_index or file_ids.needs_paths
+    scan = scan_files(spark, snapshot, candidates, with_row_id=with_row_id, schema=resolved.output_schema,
+                      with_file_size=True)
+    dropped = [FILE_SIZE_COL, *([FILE_PATH_COL] if with_row_id else []),
+               *([ROW_INDEX_COL] if with_row_id and not keep_row_index else [])]
+    return scan.withColumn(FILE_ID_COL, file_ids.column()).drop(*dropped)
 
 
 @dataclass(frozen=True)
@@ -257,13 +249,22 @@ def _source_key(position: int) -> str:
     return f"__sm_source_key_{position}__"
 
 
-def _raise_multiple_matches(offending: list, key_columns: Sequence[str], spark_paths: Sequence[str]) -> None:
+def _position(file_ids: FileIds, file_id: int) -> int:
+    position = file_ids.position(file_id)
+    if position is None:
+        raise AssertionError(f"findTouchedFiles found a file id that is no candidate's: {file_id}")
+    return position
+
+
+def _raise_multiple_matches(offending: list, key_columns: Sequence[str], snapshot: Snapshot,
+                            candidates: Sequence[DataFile], file_ids: FileIds) -> None:
     rows: list[tuple[dict[str, object], int]] = []
     for row in offending:
         if key_columns:
             key = {name: row[f"key_{i}"] for i, name in enumerate(key_columns)}
         else:
-            key = {"file": spark_paths[row[FILE_ID_COL]], "row_index": row[ROW_INDEX_COL]}
+            file = candidates[_position(file_ids, row[FILE_ID_COL])]
+            key = {"file": snapshot.absolute_path(file.path), "row_index": row[ROW_INDEX_COL]}
         rows.append((key, int(row["matches"])))
     listing = "; ".join(
         ", ".join(f"{k}={v!r}" for k, v in key.items()) + f" (matched by {count} source rows)" for key, count in rows

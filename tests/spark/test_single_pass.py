@@ -24,21 +24,24 @@ PHYSICAL_METRICS = {"executionTimeMs", "scanTimeMs", "rewriteTimeMs", "numTarget
 SCHEMA = "id long, amount long, status string"
 
 
-@pytest.fixture(params=["distinct file sizes", "equal file sizes"])
+@pytest.fixture(params=["distinct file sizes", "equal file sizes", "two files of one size"])
 def even_ids(tmp_path: Path, request: pytest.FixtureRequest) -> str:
     """Ids 0, 2, .., 3998 in 4 files of 500, one per range of 1,000 ids: an odd id inside a file's
-    range is a new key. The one pass tells the candidates' rows apart by their files' sizes when
-    those are distinct, by their paths otherwise: with a constant amount the files' sizes repeat."""
+    range is a new key. The MERGE tells the candidates' rows apart by their files' sizes, and the
+    rows of files that share a size by their paths: with a constant amount the sizes repeat (in
+    every file, or in two of them only)."""
     path = str(tmp_path / "even")
-    distinct = request.param == "distinct file sizes"
+    constant = {"distinct file sizes": (), "equal file sizes": (0, 1000, 2000, 3000),
+                "two files of one size": (1000, 3000)}[request.param]
     for start in range(0, 4000, 1000):  # one append, one file per range of 1,000 ids
         ids = list(range(start, start + 1000, 2))
         deltalake.write_deltalake(path, pa.table({"id": pa.array(ids, pa.int64()),
-                                                  "amount": pa.array([i * 10 if distinct else 1 for i in ids],
-                                                                     pa.int64()),
+                                                  "amount": pa.array([1 if start in constant else i * 10
+                                                                      for i in ids], pa.int64()),
                                                   "status": pa.array(["old"] * len(ids))}), mode="append")
     sizes = [p.stat().st_size for p in Path(path).glob("*.parquet")]
-    assert len(sizes) == 4 and (len(set(sizes)) == 4) == distinct
+    assert len(sizes) == 4 and (len(set(sizes)) == 4) == (not constant)
+    assert len(constant) != 2 or len(set(sizes)) == 3  # two files share a size, two do not
     return path
 
 
