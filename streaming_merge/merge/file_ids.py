@@ -72,4 +72,7 @@ class FileIds:
         by_path = F.coalesce(
             F.try_element_at(ids, F.col(FILE_PATH_COL)),
             F.raise_error(F.concat(F.lit("MERGE scanned a file it did not select: "), F.col(FILE_PATH_COL))))
-        return F.when(size.isin(*self.shared_sizes), by_path).otherwise(size)
+        # One SQL literal list, not a Column per size (three JVM calls each); Spark turns it into
+        # a hash set past 10 values.
+        shared = F.expr(f"`{FILE_SIZE_COL}` IN ({', '.join(map(str, self.shared_sizes))})")
+        return F.when(shared, by_path).otherwise(size)
