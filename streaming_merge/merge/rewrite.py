@@ -40,9 +40,9 @@ ACTION_COL = "__sm_action__"
 
 TOUCHED_FILES = "touchedFileIds"
 _ROWS_PER_KEY_COL = "__sm_rows_per_key__"
-# Observed among the touched files' identities (positions and sizes are never negative) when a
-# matched pair's key has two source rows.
-_SHARED_KEY = -1  # no file's id (FileIds)
+# Observed among the touched files' identities (FileIds never gives -1) when a matched pair's
+# key has two source rows.
+_SHARED_KEY = -1
 
 
 @dataclass(frozen=True)
