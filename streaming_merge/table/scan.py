@@ -51,11 +51,12 @@ def spark_file_paths(spark: SparkSession, table_path: TableRef, files: Sequence[
     def encode(path: str) -> str:
         return str(from_path_string()(path).urlEncoded())
 
+    plain = [_PLAIN_PATH.fullmatch(f.path) is not None for f in files]
     encoded_root = _encoded_roots.get(root)
-    if encoded_root is None and any(_PLAIN_PATH.fullmatch(f.path) for f in files):
+    if encoded_root is None and any(plain):
         encoded_root = _encoded_roots.setdefault(root, encode(root))
-    return [f"{encoded_root}/{f.path}" if _PLAIN_PATH.fullmatch(f.path) else encode(f"{root}/{f.path}")
-            for f in files]
+    return [f"{encoded_root}/{f.path}" if is_plain else encode(f"{root}/{f.path}")
+            for f, is_plain in zip(files, plain, strict=True)]
 
 
 def scan_files(
