@@ -18,21 +18,24 @@ from pyspark.sql import SparkSession
 from streaming_merge import DeltaTable
 from streaming_merge._profile import profiling
 from streaming_merge.errors import MultipleSourceRowMatchingTargetRowError
+from streaming_merge.merge import file_ids
 
 # Times, and the new files' bytes: the two plans write the same rows in another order.
 PHYSICAL_METRICS = {"executionTimeMs", "scanTimeMs", "rewriteTimeMs", "numTargetBytesAdded"}
 SCHEMA = "id long, amount long, status string"
 
 
-@pytest.fixture(params=["distinct file sizes", "equal file sizes", "two files of one size"])
-def even_ids(tmp_path: Path, request: pytest.FixtureRequest) -> str:
+@pytest.fixture(params=["distinct file sizes", "equal file sizes", "two files of one size",
+                        "two files of one size, path hashes colliding"])
+def even_ids(tmp_path: Path, request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
     """Ids 0, 2, .., 3998 in 4 files of 500, one per range of 1,000 ids: an odd id inside a file's
     range is a new key. The MERGE tells the candidates' rows apart by their files' sizes, and the
-    rows of files that share a size by their paths: with a constant amount the sizes repeat (in
-    every file, or in two of them only)."""
+    rows of files that share a size by a hash of their paths (or, when two hashes collide, by a
+    lookup of the paths): with a constant amount the sizes repeat (in every file, or in two)."""
     path = str(tmp_path / "even")
-    constant = {"distinct file sizes": (), "equal file sizes": (0, 1000, 2000, 3000),
-                "two files of one size": (1000, 3000)}[request.param]
+    constant = {"distinct file sizes": (), "equal file sizes": (0, 1000, 2000, 3000)}.get(request.param, (1000, 3000))
+    if "colliding" in request.param:
+        monkeypatch.setattr(file_ids, "path_hash_id", lambda _: -5)
     for start in range(0, 4000, 1000):  # one append, one file per range of 1,000 ids
         ids = list(range(start, start + 1000, 2))
         deltalake.write_deltalake(path, pa.table({"id": pa.array(ids, pa.int64()),
@@ -98,6 +101,19 @@ def test_an_upsert_touching_every_candidate_is_one_job_after_materializing(
     table = {r["id"]: r for r in rows_by_id(even_ids)}
     assert len(table) == 2010 and table[100]["amount"] == 1_000_100 and table[102]["status"] == "old"
     assert table[5001]["status"] == "ins"
+
+
+def test_files_of_one_size_under_a_root_spark_quotes_are_told_apart_in_one_pass(
+        spark: SparkSession, even_ids: str, tmp_path: Path) -> None:
+    """The path hashes are computed on the driver from the paths as Spark reports them (quoted):
+    a root with a space and non-ASCII letters still gives every row its own file's id, so the
+    pass is conclusive (a hash that differed from Spark's would send it to findTouchedFiles)."""
+    quoted = str(tmp_path / "a folder" / "ümlaut table")
+    shutil.copytree(even_ids, quoted)
+    rows = [(i, 1_000_000 + i, "new") for i in range(0, 4000, 100)] + [(i, 7, "ins") for i in range(5001, 5011)]
+    metrics, jobs, phases = both_ways(spark, quoted, tmp_path, rows)
+    assert jobs == 2 and phases.get("findTouchedFiles", 0) == 0
+    assert (metrics["numTargetFilesRemoved"], metrics["numTargetRowsUpdated"]) == (4, 40)
 
 
 def test_an_untouched_candidate_is_left_alone_after_the_pass(
