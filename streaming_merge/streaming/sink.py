@@ -23,6 +23,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import StructType
 
 from streaming_merge._interpreted import interpreted_if_small, rows_of
+from streaming_merge._slots import task_slots
 from streaming_merge.delta_table import DeltaTable
 from streaming_merge.errors import (
     ConcurrentModificationError,
@@ -431,7 +432,7 @@ class MergeSink:
             frame, _ = materialize(batch_df.observe(observation, F.count(F.lit(1)).alias("rows")), level)
             rows = int(observation.get.get("rows") or 0)
             return frame, (rows, 0, 0, [], None), SourceStats(rows, {}), None
-        prepared = self._preparer.prepare(batch_df, max(1, int(spark.sparkContext.defaultParallelism)))
+        prepared = self._preparer.prepare(batch_df, task_slots(spark))
         kept: Observation | None = None
         presence = Observation()
         to_copy = prepared.frame if probe is None else probe.observed(prepared.frame, presence)

@@ -20,6 +20,7 @@ from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import IntegralType
 
+from streaming_merge._slots import task_slots
 from streaming_merge.delta_table import DeltaTable
 from streaming_merge.merge.skipping import ColumnScope, SkippingPlan, decoded_paths
 from streaming_merge.streaming.cdc import DELETE_FLAG, CdcSpec, values_newer_than
@@ -108,7 +109,7 @@ class Tombstones:
         exchange where their partitioning does not fit the join, e.g. after dedupe="error")."""
         overlapping = self._scan(spark, snapshot, files)
         keys = [F.col(f"`{k}`") for k in self._spec.keys]
-        partitions = max(1, int(spark.sparkContext.defaultParallelism))
+        partitions = task_slots(spark)  # as the sink's fold partitions the batch
         tombstones = overlapping.repartition(partitions, *keys).alias("d").hint("shuffle_hash")
         if not partitioned_by_keys:
             events = events.repartition(partitions, *keys)
