@@ -1,4 +1,4 @@
-"""How many tasks the cluster runs at once: the unit for sizing a MERGE's joins and writes.
+"""How many tasks the cluster runs at once: the unit for sizing a MERGE's joins and writes and the sink's dedupe.
 
 ``spark.default.parallelism`` is a setting, not the core count (``local_session`` sets it to its
 shuffle partitions, 4 on a 2-core machine), and 3 or 4 tasks on 2 cores run in 2 waves: the
