@@ -98,19 +98,13 @@ def compact(
 # one-partition branches would run as ONE task (every bin in one file); off, the union
 # concatenates its children's partitions: one task per bin. Read when the write is planned.
 _UNION_PARTITIONING = "spark.sql.unionOutputPartitioning"
-# Reading more than 32 files, Spark lists them in a job with one task per file (up to this
-# setting, 10000 by default): 600 small files took 2-3 s here, 0.4-1 s with one task per core.
-_LISTING_PARALLELISM = "spark.sql.sources.parallelPartitionDiscovery.parallelism"
 
 
 @contextlib.contextmanager
 def _compaction_conf(spark: SparkSession) -> Iterator[None]:
-    """Session settings while the compaction is planned and written (a user's own listing
-    parallelism is kept)."""
-    wanted = {_UNION_PARTITIONING: "false"}
-    if spark.conf.get(_LISTING_PARALLELISM, None) is None:
-        wanted[_LISTING_PARALLELISM] = str(max(1, int(spark.sparkContext.defaultParallelism)))
-    with temporary_conf(spark, wanted):
+    """Session settings while the compaction is planned and written. (How the files are listed
+    is scan_files' own setting, for its read.)"""
+    with temporary_conf(spark, {_UNION_PARTITIONING: "false"}):
         yield
 
 
