@@ -85,6 +85,9 @@ PROBE_TOUCHED_EVERY = 8
 # Candidates this small are always rewritten whole: findTouchedFiles's Spark job costs more than
 # copying their untouched rows (a new table's first updates, a small dimension table).
 SMALL_CANDIDATES_BYTES = 1024 * 1024
+# A batch of at most this many events is folded (newest event per key) in one task, with no
+# shuffle; a larger one in a partition per task slot (see MergeSink._fold_partitions).
+FOLD_IN_ONE_TASK_MAX_ROWS = 20_000
 
 ClauseBuilder = Callable[[DeltaMergeBuilder], DeltaMergeBuilder]
 PhaseHook = Callable[[str, DataFrame], None]
@@ -215,6 +218,7 @@ class MergeSink:
         self._filter_while_materializing: bool | None = None
         # Batches in a row whose MERGE rewrote every candidate file (see REWRITE_ALL_CANDIDATES_BYTES).
         self._all_touched_streak = 0
+        self._last_input_rows: int | None = None  # the previous batch's, for _fold_partitions
         self._tombstone_settings = (tombstones, tombstone_retention, tombstone_purge_every)
 
     # ------------------------------------------------------------------ progress
@@ -297,6 +301,7 @@ class MergeSink:
                     target=self.target))
                 return
         tombstone_snapshot = self._tombstones.snapshot() if self._tombstones is not None else None
+        partitions = self._fold_partitions(spark, rows_at_most)
         # Late events are dropped while the batch is materialized when the previous batch's lookup
         # read most tombstones anyway, or, before any lookup saw one, when there are few
         # (Tombstones.is_small); the MERGE then takes that copy as it is (no pass of its own). An
@@ -307,7 +312,7 @@ class MergeSink:
                 (self._filter_while_materializing or
                  (self._filter_while_materializing is None and Tombstones.is_small(everything))):
             early = functools.partial(self._tombstones.without_late, spark, snapshot=tombstone_snapshot,
-                                      files=everything, partitioned_by_keys=True)
+                                      files=everything, partitions=partitions, partitioned_by_keys=True)
         materialize_started = time.monotonic()
         with interpreted_if_small(spark, rows_of([rows_at_most, *(_file_rows(tombstone_snapshot) if early else [])]),
                                   self._merge_options.interpreted_max_rows):
@@ -317,7 +322,7 @@ class MergeSink:
                                         self._merge_options.key_presence_max_files)
                      if snapshot is not None and self._spec is not None and self._joins_on_keys
                      and not self._all_touched_streak % PROBE_TOUCHED_EVERY else None)
-            batch, counts, stats, kept_rows = self._materialize(spark, batch_df, level, early, probe)
+            batch, counts, stats, kept_rows = self._materialize(spark, batch_df, level, partitions, early, probe)
         recording: BackgroundCall | None = None
         execution = contextlib.ExitStack()
         try:
@@ -325,6 +330,7 @@ class MergeSink:
             if self._phase_hook:
                 self._phase_hook("after_materialize", batch)
             num_input, null_keys, delete_events, truncate_values, oldest_sequence = counts
+            self._last_input_rows = num_input
             if num_input == 0:
                 self._report(MergeProgress(
                     batchId=batch_id, appId=app_id, tableVersion=None, skipped=False, attempts=attempt,
@@ -360,7 +366,7 @@ class MergeSink:
                     assert tombstone_snapshot is not None
                     # The MERGE materializes the filtered batch and counts what is left.
                     source, merge_stats = self._tombstones.without_late(spark, source, tombstone_snapshot,
-                                                                        files), None
+                                                                        files, partitions), None
             truncates = self._truncates(spark, truncate_values, tombstone_snapshot, source.schema)
             batch_truncates = [self._spec.sequence_literal(v, source.schema) for v in sorted(truncate_values)] \
                 if self._spec is not None else []
@@ -416,7 +422,19 @@ class MergeSink:
             timestamp=_now(), target=self.target, deadLetterRows=dead_letter_rows, compaction=compaction,
             numTruncates=len(truncate_values)))
 
-    def _materialize(self, spark: SparkSession, batch_df: DataFrame, level: str,
+    def _fold_partitions(self, spark: SparkSession, rows_at_most: int | None) -> int:
+        """How many partitions the batch is folded into (newest event per key): one for a small
+        batch, which then needs no shuffle (:func:`clustered_by_keys`), else one per task slot.
+        Small means ``rows_at_most`` (the caller's bound) or, without one, the previous batch's
+        input rows are at most FOLD_IN_ONE_TASK_MAX_ROWS: a stream's batches are alike in size,
+        and a sudden large batch costs one batch folded in one task; the first batch of a
+        process has no previous one and gets the task slots."""
+        bound = rows_at_most if rows_at_most is not None else self._last_input_rows
+        if bound is not None and bound <= FOLD_IN_ONE_TASK_MAX_ROWS:
+            return 1
+        return task_slots(spark)
+
+    def _materialize(self, spark: SparkSession, batch_df: DataFrame, level: str, partitions: int,
                      drop_late: Callable[[DataFrame], DataFrame] | None = None,
                      probe: KeyPresenceProbe | None = None
                      ) -> tuple[DataFrame, tuple[int, int, int, list[Any], Any], SourceStats, int | None]:
@@ -432,7 +450,7 @@ class MergeSink:
             frame, _ = materialize(batch_df.observe(observation, F.count(F.lit(1)).alias("rows")), level)
             rows = int(observation.get.get("rows") or 0)
             return frame, (rows, 0, 0, [], None), SourceStats(rows, {}), None
-        prepared = self._preparer.prepare(batch_df, task_slots(spark))
+        prepared = self._preparer.prepare(batch_df, partitions)
         kept: Observation | None = None
         presence = Observation()
         to_copy = prepared.frame if probe is None else probe.observed(prepared.frame, presence)

@@ -20,10 +20,9 @@ from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import IntegralType
 
-from streaming_merge._slots import task_slots
 from streaming_merge.delta_table import DeltaTable
 from streaming_merge.merge.skipping import ColumnScope, SkippingPlan, decoded_paths
-from streaming_merge.streaming.cdc import DELETE_FLAG, CdcSpec, values_newer_than
+from streaming_merge.streaming.cdc import DELETE_FLAG, CdcSpec, clustered_by_keys, values_newer_than
 from streaming_merge.streaming.compaction import AutoCompact, run_auto_compaction
 from streaming_merge.table.append import append_rows, recorded_now
 from streaming_merge.table.follow import FollowedTable
@@ -101,18 +100,20 @@ class Tombstones:
         return bool(files) and 2 * sum(f.size for f in files) >= everything
 
     def without_late(self, spark: SparkSession, events: DataFrame, snapshot: Snapshot,
-                     files: Sequence[DataFile], partitioned_by_keys: bool = False) -> DataFrame:
+                     files: Sequence[DataFile], partitions: int, partitioned_by_keys: bool = False) -> DataFrame:
         """``events`` minus the inserts/updates not newer than a tombstone of their key in
         ``files``, lazily (an anti join; a left join that also forgets older values for
-        partial updates). ``partitioned_by_keys``: the events come straight from the sink's
-        fold, hash-partitioned on the keys, so no repartition is added (Spark still adds an
-        exchange where their partitioning does not fit the join, e.g. after dedupe="error")."""
+        partial updates), in ``partitions`` partitions. ``partitioned_by_keys``: the events come
+        straight from the sink's fold, which put them in that many partitions by key
+        (:func:`clustered_by_keys`), so no repartition is added (Spark still adds an exchange
+        where their partitioning does not fit the join, e.g. after dedupe="error")."""
         overlapping = self._scan(spark, snapshot, files)
         keys = [F.col(f"`{k}`") for k in self._spec.keys]
-        partitions = task_slots(spark)  # as the sink's fold partitions the batch
+        # Hash-partitioned into one partition, the tombstones fit a batch folded into one (Spark
+        # pairs a single partition with any one-partition side) without an exchange on its side.
         tombstones = overlapping.repartition(partitions, *keys).alias("d").hint("shuffle_hash")
         if not partitioned_by_keys:
-            events = events.repartition(partitions, *keys)
+            events = clustered_by_keys(events, partitions, keys)
         if self._spec.partial:
             return self._without_late_values(events, tombstones, keys)
         condition = (F.expr(" AND ".join(f"e.`{k}` = d.`{k}`" for k in self._spec.keys))

@@ -18,8 +18,10 @@ import pytest
 from pyspark.sql import DataFrame, SparkSession
 
 from streaming_merge import DeltaTable, MergeProgressListener, MergeSink
+from streaming_merge._slots import task_slots
 from streaming_merge.errors import MergeError, MultipleSourceRowMatchingTargetRowError
 from streaming_merge.merge.materialize import checkpoint_rdd_id
+from streaming_merge.streaming.sink import FOLD_IN_ONE_TASK_MAX_ROWS
 from streaming_merge.streaming.tombstones import Tombstones
 from tests.streaming_support.cdc_events import SCHEMA, expected_state, generate, table_state, write_files
 
@@ -342,29 +344,62 @@ def test_tombstone_append_runs_beside_the_merge_which_commits_only_after_it(
     assert 1 not in table_state(read(table_path)) and sink.lastProgress["numLateRowsDropped"] == 1
 
 
+def test_a_small_batch_is_folded_in_one_partition_a_large_or_first_one_in_one_per_task_slot(
+        spark: SparkSession, table_path: str) -> None:
+    """The newest event per key needs each key's events in one partition: a batch known to be
+    small is coalesced into one (no shuffle), one bounded above FOLD_IN_ONE_TASK_MAX_ROWS and a
+    sink's first batch without a bound are hash-partitioned into one per task slot. Either way
+    the newest event of each key wins, whichever input partition its events came from."""
+    folded: list[int] = []
+
+    def hook(phase: str, batch: DataFrame) -> None:
+        if phase == "after_materialize":
+            folded.append(batch.rdd.getNumPartitions())
+
+    sink = cdc_sink(table_path, phase_hook=hook)
+    slots = task_slots(spark)
+
+    def spread(events: list[dict[str, Any]]) -> DataFrame:
+        return frame(spark, events).repartition(3)  # a key's events in different input partitions
+
+    sink(spread([{"id": k, "lsn": 10 + i, "op": "u", "name": f"v{i}", "amount": i}
+                 for i in range(6) for k in (1, 2)]), 0)
+    sink(spread([{"id": 1, "lsn": 30 - i, "op": "u", "name": f"w{i}", "amount": i} for i in range(5)]), 1)
+    sink(spread([{"id": 2, "lsn": 40 + i, "op": "u", "name": f"x{i}", "amount": i} for i in range(5)]), 2,
+         rows_at_most=FOLD_IN_ONE_TASK_MAX_ROWS + 1)
+    sink(spread([{"id": 3, "lsn": 50 + i, "op": "d" if i == 4 else "u", "name": f"y{i}", "amount": i}
+                 for i in range(5)] + [{"id": 1, "lsn": 29, "op": "d", "name": None, "amount": None}]), 3,
+         rows_at_most=10)
+    assert folded == [slots, 1, slots, 1]
+    assert sorted((r["id"], r["lsn"], r["name"]) for r in read(table_path)) == [(1, 30, "w0"), (2, 44, "x4")]
+
+
 def test_the_batch_plan_is_built_once_per_batch_schema(spark: SparkSession, table_path: str,
                                                        monkeypatch: pytest.MonkeyPatch) -> None:
     """The CDC plan's expressions (hundreds of JVM round trips) are kept for the next batch
-    of the same schema; a batch with another schema gets a plan of its own."""
+    of the same schema and fold partitioning; a batch with another schema gets a plan of its own."""
     from streaming_merge.streaming import cdc
 
-    built: list[tuple[str, ...]] = []
+    built: list[tuple[tuple[str, ...], int]] = []
     real_plan = cdc._plan
 
     def counting_plan(spec: Any, columns: Any, types: Any, partitions: int) -> Any:
-        built.append(tuple(columns))
+        built.append((tuple(columns), partitions))
         return real_plan(spec, columns, types, partitions)
 
     monkeypatch.setattr(cdc, "_plan", counting_plan)
     sink = cdc_sink(table_path, schema_evolution=True)
+    slots = task_slots(spark)
     sink(frame(spark, [{"id": 1, "lsn": 10, "op": "c", "name": "a", "amount": 1},
                        {"id": 1, "lsn": 11, "op": "u", "name": "b", "amount": 2}]), 0)
     sink(frame(spark, [{"id": 2, "lsn": 12, "op": "c", "name": "c", "amount": 3},
                        {"id": 1, "lsn": 13, "op": "d", "name": None, "amount": None}]), 1)
+    sink(frame(spark, [{"id": 2, "lsn": 14, "op": "u", "name": "c", "amount": 3}]), 2)
     columns = ("id", "lsn", "op", "name", "amount")
-    assert built == [columns]
-    wider = spark.createDataFrame([(2, 14, "u", "d", 4, "x"), (3, 15, "c", "e", 5, "y")], f"{SCHEMA}, note string")
-    sink(wider, 2)
-    assert built == [columns, (*columns, "note")]
+    # The first batch has no previous one to say it is small: one partition per task slot.
+    assert built == [(columns, slots), (columns, 1)]
+    wider = spark.createDataFrame([(2, 15, "u", "d", 4, "x"), (3, 16, "c", "e", 5, "y")], f"{SCHEMA}, note string")
+    sink(wider, 3)
+    assert built == [(columns, slots), (columns, 1), ((*columns, "note"), 1)]
     assert sorted((r["id"], r["name"], r["amount"], r["note"]) for r in read(table_path)) == [
         (2, "d", 4, "x"), (3, "e", 5, "y")]
