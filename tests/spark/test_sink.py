@@ -374,6 +374,31 @@ def test_a_small_batch_is_folded_in_one_partition_a_large_or_first_one_in_one_pe
     assert sorted((r["id"], r["lsn"], r["name"]) for r in read(table_path)) == [(1, 30, "w0"), (2, 44, "x4")]
 
 
+def test_the_late_event_filter_is_built_once_per_batch_schema(spark: SparkSession, table_path: str,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """The tombstone filter's expressions are kept for the next batch of the same columns, and
+    each batch still drops its own late events."""
+    built: list[tuple[str, ...]] = []
+    real_filter = Tombstones._late_filter
+
+    def counting_filter(self: Tombstones, columns: Any) -> Any:
+        built.append(tuple(columns))
+        return real_filter(self, columns)
+
+    monkeypatch.setattr(Tombstones, "_late_filter", counting_filter)
+    sink = cdc_sink(table_path)
+    sink(frame(spark, [{"id": k, "lsn": 10, "op": "c", "name": "a", "amount": 1} for k in (1, 2, 3)]), 0)
+    sink(frame(spark, [{"id": 1, "lsn": 20, "op": "d", "name": None, "amount": None},
+                       {"id": 2, "lsn": 21, "op": "d", "name": None, "amount": None}]), 1)
+    sink(frame(spark, [{"id": 1, "lsn": 15, "op": "u", "name": "late", "amount": 5},
+                       {"id": 3, "lsn": 16, "op": "u", "name": "b", "amount": 2}]), 2)
+    assert sink.lastProgress["numLateRowsDropped"] == 1
+    sink(frame(spark, [{"id": 2, "lsn": 18, "op": "u", "name": "late", "amount": 7}]), 3)
+    assert sink.lastProgress["numLateRowsDropped"] == 1
+    assert len(built) == 1
+    assert sorted((r["id"], r["lsn"], r["name"]) for r in read(table_path)) == [(3, 16, "b")]
+
+
 def test_the_batch_plan_is_built_once_per_batch_schema(spark: SparkSession, table_path: str,
                                                        monkeypatch: pytest.MonkeyPatch) -> None:
     """The CDC plan's expressions (hundreds of JVM round trips) are kept for the next batch
