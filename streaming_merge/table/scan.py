@@ -91,7 +91,9 @@ def scan_files(
         data = spark.read.schema(file_schema).option(PINNED_SCAN_OPTION, "true").parquet(*paths)
     size = [F.col("_metadata.file_size").alias(FILE_SIZE_COL)] if with_file_size else []
     if not with_row_id and not partition_columns:  # no per-row file metadata to build
-        return data.select(*[F.col(f"`{f.name}`") for f in table_schema.fields], *size)
+        # The read's columns are the table's, in its order, already (a select naming each one
+        # cost a JVM round trip a column and an analysis, ~7 ms a scan of a 20-column table).
+        return data.select("*", *size) if size else data
     data = data.select(
         *[F.col(f"`{f.name}`") for f in file_schema.fields],
         F.col("_metadata.file_path").alias(FILE_PATH_COL),
