@@ -91,8 +91,9 @@ def scan_files(
         data = spark.read.schema(file_schema).option(PINNED_SCAN_OPTION, "true").parquet(*paths)
     size = [F.col("_metadata.file_size").alias(FILE_SIZE_COL)] if with_file_size else []
     if not with_row_id and not partition_columns:  # no per-row file metadata to build
-        # The read's columns are the table's, in its order, already (a select naming each one
-        # cost a JVM round trip a column and an analysis, ~7 ms a scan of a 20-column table).
+        # The read's columns are the table's, in its order, already: a select naming each one
+        # cost a JVM round trip a column and an analysis (Kafka e2e, 5k-record batches: scan_files
+        # 37 -> 26 ms a call, 513 -> 447 round trips a sink batch).
         return data.select("*", *size) if size else data
     data = data.select(
         *[F.col(f"`{f.name}`") for f in file_schema.fields],
