@@ -26,7 +26,7 @@ from streaming_merge.merge.resolve import (
     ResolvedMerge,
     qualified,
 )
-from streaming_merge.table.scan import FILE_PATH_COL, FILE_SIZE_COL, ROW_INDEX_COL, scan_files
+from streaming_merge.table.scan import ROW_INDEX_COL, scan_files
 from streaming_merge.table.snapshot import DataFile, Snapshot
 
 MAX_REPORTED_ROWS = 10
@@ -172,9 +172,11 @@ def scan_with_file_ids(spark: SparkSession, snapshot: Snapshot, candidates: Sequ
     with_row_id = keep_row_index or file_ids.needs_paths
     scan = scan_files(spark, snapshot, candidates, with_row_id=with_row_id, schema=resolved.output_schema,
                       with_file_size=True)
-    dropped = [FILE_SIZE_COL, *([FILE_PATH_COL] if with_row_id else []),
-               *([ROW_INDEX_COL] if with_row_id and not keep_row_index else [])]
-    return scan.withColumn(FILE_ID_COL, file_ids.column()).drop(*dropped)
+    # One projection, not a withColumn and a drop: each DataFrame operation analyses the plan again.
+    kept = resolved.derive(("scan-with-file-ids", keep_row_index), lambda: [
+        *[F.col(f"`{f.name}`") for f in resolved.output_schema.fields],
+        *([F.col(ROW_INDEX_COL)] if keep_row_index else [])])
+    return scan.select(*kept, file_ids.column().alias(FILE_ID_COL))
 
 
 @dataclass(frozen=True)

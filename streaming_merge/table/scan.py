@@ -101,8 +101,9 @@ def scan_files(
         *([F.col("_metadata.row_index").alias(ROW_INDEX_COL)] if with_row_id else []),
         *size,
     )
-    if partition_columns:
-        data = data.select("*", *_partition_value_columns(spark, snapshot, files, table_schema, spark_paths))
+    if not partition_columns:  # already in table order, then path, row index and size
+        return data
+    data = data.select("*", *_partition_value_columns(spark, snapshot, files, table_schema, spark_paths))
     ordered: list[Column] = [F.col(f"`{f.name}`") for f in table_schema.fields]
     if with_row_id:
         ordered += [F.col(FILE_PATH_COL), F.col(ROW_INDEX_COL)]
