@@ -38,6 +38,7 @@ from streaming_merge.errors import MaterializedSourceLostError, MergeAssignmentO
 from streaming_merge.merge.clauses import ClauseSet, MergeClause, expr_text
 from streaming_merge.merge.file_ids import FileIds
 from streaming_merge.merge.key_presence import DEFAULT_KEY_PRESENCE_MAX_FILES, KeyPresenceProbe, key_presence_probe
+from streaming_merge.merge.map_side_pass import write_map_side_one_pass
 from streaming_merge.merge.materialize import (
     DEFAULT_STORAGE_LEVELS,
     MaterializePolicy,
@@ -449,6 +450,10 @@ def _merge(spark: SparkSession, request: MergeRequest, snapshot: Snapshot, resol
                                               broadcast, source_bytes)) is not None:
                 one_pass_result, decided = _single_pass(spark, snapshot, candidates, source, resolved, options, probe,
                                                         broadcast, _layout(options, candidates, source_bytes))
+            elif (probe := _map_side_probe(spark, snapshot, options, resolved, source, stats, pairs, candidates,
+                                           broadcast)) is not None:
+                one_pass_result, decided = _map_side_single_pass(spark, snapshot, candidates, source, resolved,
+                                                                 options, probe, source_bytes)
             if decided is None:
                 map_side = broadcast and bool(resolved.not_matched) and not resolved.not_matched_by_source
                 broadcast_scan = (broadcast and not resolved.not_matched_by_source
@@ -559,6 +564,53 @@ def _single_pass_probe(spark: SparkSession, snapshot: Snapshot, options: MergeOp
         partitions=(join_partitions(spark, candidate_bytes) if snapshot.partition_columns
                     else _layout(options, candidates, source_bytes).files(task_slots(spark))),
     )
+
+
+def _map_side_probe(spark: SparkSession, snapshot: Snapshot, options: MergeOptions, resolved: ResolvedMerge,
+                    source: DataFrame, stats: SourceStats, pairs: list[tuple[str, str]],
+                    candidates: Sequence[DataFile], broadcast: bool) -> TouchProbe | None:
+    """What the map-side one pass (streaming_merge.merge.map_side_pass) observes, or None where
+    it does not apply: only where the shuffled one pass declines a broadcast source for a large
+    target (an unpartitioned one: the inserts get files of their own, which would add a file
+    per partition value). Without known unique source keys, the source's rows per key are
+    counted: a matched key with two rows sends the MERGE to findTouchedFiles."""
+    if (not options.single_pass or not broadcast or not candidates or not pairs or snapshot.partition_columns
+            or resolved.not_matched_by_source or resolved.clauses.is_only_one_unconditional_delete
+            or (options.optimize_matched_only and resolved.clauses.is_matched_only)
+            or sum(f.size for f in candidates) < options.broadcast_scan_min_bytes
+            or stats.rows < options.single_pass_min_rows_per_file * len(candidates)):
+        return None
+    target_types = {f.name: f.dataType for f in snapshot.schema.fields}
+    source_types = {f.name: f.dataType for f in source.schema.fields}
+    if not all(target_types.get(t) == source_types.get(s) and _groups_as_it_joins(source_types[s]) for t, s in pairs):
+        return None
+    return TouchProbe(file_ids=FileIds.of(spark, snapshot, candidates), target_keys=tuple(t for t, _ in pairs),
+                      source_keys=tuple(s for _, s in pairs),
+                      count_keys=not _single_match(snapshot, source, stats, pairs), partitions=0)
+
+
+def _map_side_single_pass(spark: SparkSession, snapshot: Snapshot, candidates: list[DataFile], source: DataFrame,
+                          resolved: ResolvedMerge, options: MergeOptions, probe: TouchProbe, source_bytes: int
+                          ) -> tuple[RewriteResult | None, list[DataFile] | None]:
+    """As :func:`_single_pass`, map-side: the result when every candidate was touched (the
+    inserts written too), else the touched candidates (the pass already deleted its files),
+    or None for Delta's findTouchedFiles when a file id came back that no candidate has."""
+    with phase(spark, "writeAllChanges",
+               f"MERGE operation - Rewriting {len(candidates)} candidate files map-side in one pass"):
+        result = write_map_side_one_pass(spark, snapshot, candidates, source, resolved, probe,
+                                         _layout(options, candidates, 0), _layout(options, [], source_bytes))
+    assert result.touched is not None
+    positions = [probe.file_ids.position(file_id) for file_id in result.touched]
+    touched = sorted(p for p in positions if p is not None)
+    if not result.matched_key_shared and len(touched) == len(result.touched) == len(candidates):
+        return result, list(candidates)
+    if result.matched_key_shared or len(touched) != len(result.touched):
+        log.info("MERGE into %s: map-side one pass inconclusive (a matched key with two source rows: %s); "
+                 "finding the touched files", snapshot.location, result.matched_key_shared)
+        return None, None
+    log.info("MERGE into %s: %d of %d candidate files touched; rewriting those", snapshot.location,
+             len(touched), len(candidates))
+    return None, [candidates[i] for i in touched]
 
 
 def _layout(options: MergeOptions, files: Sequence[DataFile], source_bytes: int) -> FileLayout:

@@ -39,10 +39,10 @@ ACTION_COL = "__sm_action__"
 
 
 TOUCHED_FILES = "touchedFileIds"
-_ROWS_PER_KEY_COL = "__sm_rows_per_key__"
+ROWS_PER_KEY_COL = "__sm_rows_per_key__"
 # Observed among the touched files' identities (FileIds never gives -1) when a matched pair's
 # key has two source rows.
-_SHARED_KEY = -1
+SHARED_KEY = -1
 
 
 @dataclass(frozen=True)
@@ -95,7 +95,7 @@ def observed_values(observation: Observation) -> dict[str, Any]:
         return {}
 
 
-def _first_applicable(resolved: ResolvedMerge, clauses: Sequence[ResolvedClause], default: int) -> Column:
+def first_applicable(resolved: ResolvedMerge, clauses: Sequence[ResolvedClause], default: int) -> Column:
     """Code of the first clause whose condition holds (NULL counts as false)."""
     def build() -> Column:
         result: Column | None = None
@@ -117,7 +117,7 @@ def _count(resolved: ResolvedMerge, codes: Sequence[int], name: str) -> Column:
     return resolved.derive(("count", name, *codes), build)
 
 
-def _outputs(resolved: ResolvedMerge, clauses: Sequence[ResolvedClause], copy_from_target: bool) -> list[Column]:
+def outputs(resolved: ResolvedMerge, clauses: Sequence[ResolvedClause], copy_from_target: bool) -> list[Column]:
     def build() -> list[Column]:
         writers = [c for c in clauses if c.outputs is not None]
         columns = []
@@ -136,19 +136,19 @@ def _outputs(resolved: ResolvedMerge, clauses: Sequence[ResolvedClause], copy_fr
     return resolved.derive(("outputs", copy_from_target, *[c.code for c in clauses]), build)
 
 
-def _codes(clauses: Sequence[ResolvedClause], delete: bool) -> list[int]:
+def codes_of(clauses: Sequence[ResolvedClause], delete: bool) -> list[int]:
     return [c.code for c in clauses if c.clause.is_delete == delete]
 
 
-def _target_row_counts(resolved: ResolvedMerge) -> list[Column]:
+def target_row_counts(resolved: ResolvedMerge) -> list[Column]:
     """The metrics of what happened to target rows (copied, updated, deleted), by action code."""
     return [
         _count(resolved, [COPY], "numTargetRowsCopied"),
-        _count(resolved, _codes(resolved.matched, delete=False), "numTargetRowsMatchedUpdated"),
-        _count(resolved, _codes(resolved.matched, delete=True), "numTargetRowsMatchedDeleted"),
-        _count(resolved, _codes(resolved.not_matched_by_source, delete=False),
+        _count(resolved, codes_of(resolved.matched, delete=False), "numTargetRowsMatchedUpdated"),
+        _count(resolved, codes_of(resolved.matched, delete=True), "numTargetRowsMatchedDeleted"),
+        _count(resolved, codes_of(resolved.not_matched_by_source, delete=False),
                "numTargetRowsNotMatchedBySourceUpdated"),
-        _count(resolved, _codes(resolved.not_matched_by_source, delete=True),
+        _count(resolved, codes_of(resolved.not_matched_by_source, delete=True),
                "numTargetRowsNotMatchedBySourceDeleted"),
     ]
 
@@ -174,7 +174,7 @@ class FileLayout:
         return max(self.files_by_size, by_cores)
 
 
-def _write(spark: SparkSession, snapshot: Snapshot, frame: DataFrame, resolved: ResolvedMerge,
+def write_frame(spark: SparkSession, snapshot: Snapshot, frame: DataFrame, resolved: ResolvedMerge,
            layout: FileLayout, inserts: DataFrame | None = None) -> list[WrittenFile]:
     """Write ``frame`` (and ``inserts``, rows of a plan of their own) as the layout says.
 
@@ -234,27 +234,27 @@ def write_all_changes(
     source_present = F.col(SOURCE_PRESENT).isNotNull()
     target_present = F.col(TARGET_PRESENT).isNotNull()
     action = (
-        F.when(source_present & target_present, _first_applicable(resolved, resolved.matched, COPY))
-        .when(source_present, _first_applicable(resolved, resolved.not_matched, DROP))
-        .when(target_present, _first_applicable(resolved, resolved.not_matched_by_source, COPY))
+        F.when(source_present & target_present, first_applicable(resolved, resolved.matched, COPY))
+        .when(source_present, first_applicable(resolved, resolved.not_matched, DROP))
+        .when(target_present, first_applicable(resolved, resolved.not_matched_by_source, COPY))
         .otherwise(F.lit(DROP))
     )
     with_action = joined.withColumn(ACTION_COL, action).observe(
-        out_obs, *_target_row_counts(resolved),
-        _count(resolved, _codes(resolved.not_matched, delete=False), "numTargetRowsInserted"),
-        *(_touch_observations(resolved, probe, matched_only) if probe is not None else []),
+        out_obs, *target_row_counts(resolved),
+        _count(resolved, codes_of(resolved.not_matched, delete=False), "numTargetRowsInserted"),
+        *(touch_observations(resolved, probe, matched_only) if probe is not None else []),
     )
-    dropped = [DROP, *_codes(resolved.all, delete=True)]
-    output = with_action.filter(~F.col(ACTION_COL).isin(dropped)).select(*_outputs(resolved, resolved.all, True))
-    written = _write(spark, snapshot, output, resolved, layout)
+    dropped = [DROP, *codes_of(resolved.all, delete=True)]
+    output = with_action.filter(~F.col(ACTION_COL).isin(dropped)).select(*outputs(resolved, resolved.all, True))
+    written = write_frame(spark, snapshot, output, resolved, layout)
     values = observed_values(out_obs)
     touched_ids = {int(i) for i in values.pop(TOUCHED_FILES, None) or []}
     counts = {k: int(v or 0) for k, v in values.items()}
     counts["numSourceRowsInSecondScan"] = observed(src_obs).get("rows", 0)
     if probe is None:
         return RewriteResult(written, counts)
-    shared = _SHARED_KEY in touched_ids
-    return RewriteResult(written, counts, frozenset(touched_ids - {_SHARED_KEY}), shared)
+    shared = SHARED_KEY in touched_ids
+    return RewriteResult(written, counts, frozenset(touched_ids - {SHARED_KEY}), shared)
 
 
 def _probed_sides(spark: SparkSession, snapshot: Snapshot, candidates: Sequence[DataFile], source: DataFrame,
@@ -268,13 +268,13 @@ def _probed_sides(spark: SparkSession, snapshot: Snapshot, candidates: Sequence[
         source = source.repartition(probe.partitions, *source_keys)
         target = target.repartition(probe.partitions, *[F.col(f"`{k}`") for k in probe.target_keys])
     if probe.count_keys:
-        source = source.withColumn(_ROWS_PER_KEY_COL, F.count(F.lit(1)).over(Window.partitionBy(*source_keys)))
+        source = source.withColumn(ROWS_PER_KEY_COL, F.count(F.lit(1)).over(Window.partitionBy(*source_keys)))
     return source, target
 
 
-def _touch_observations(resolved: ResolvedMerge, probe: TouchProbe, matched_only: bool) -> list[Column]:
+def touch_observations(resolved: ResolvedMerge, probe: TouchProbe, matched_only: bool) -> list[Column]:
     """The candidates holding a matched row the clauses act on (findTouchedFiles' rule: with
-    only MATCHED clauses a match counts when one of them applies) and, as _SHARED_KEY among
+    only MATCHED clauses a match counts when one of them applies) and, as SHARED_KEY among
     them, a matched pair whose key has two source rows; a few dozen ints whatever the data size.
     One aggregate for both: Spark evaluates an observation outside generated code, so every
     aggregate costs per row (5M rows: these two, as two, added about 1 s of CPU to the write)."""
@@ -283,7 +283,7 @@ def _touch_observations(resolved: ResolvedMerge, probe: TouchProbe, matched_only
         touch = pair & any_of(resolved.matched) if matched_only else pair
         identity = F.when(touch, F.col(FILE_ID_COL))
         if probe.count_keys:
-            identity = F.when(pair & (F.col(_ROWS_PER_KEY_COL) > 1), F.lit(_SHARED_KEY)).when(
+            identity = F.when(pair & (F.col(ROWS_PER_KEY_COL) > 1), F.lit(SHARED_KEY)).when(
                 touch, F.col(FILE_ID_COL))
         return [F.collect_set(identity).alias(TOUCHED_FILES)]
 
@@ -310,18 +310,18 @@ def write_changes_map_side(
            .alias(resolved.target_alias).withColumn(TARGET_PRESENT, F.lit(True)))
     target_side = resolved.matched + resolved.not_matched_by_source
     rewritten = tgt.join(src, resolved.condition, "left_outer")
-    action = F.when(F.col(SOURCE_PRESENT).isNotNull(), _first_applicable(resolved, resolved.matched, COPY)).otherwise(
-        _first_applicable(resolved, resolved.not_matched_by_source, COPY))
-    rewritten = rewritten.withColumn(ACTION_COL, action).observe(target_obs, *_target_row_counts(resolved))
+    action = F.when(F.col(SOURCE_PRESENT).isNotNull(), first_applicable(resolved, resolved.matched, COPY)).otherwise(
+        first_applicable(resolved, resolved.not_matched_by_source, COPY))
+    rewritten = rewritten.withColumn(ACTION_COL, action).observe(target_obs, *target_row_counts(resolved))
     inserts = (unmatched_source.alias(resolved.source_alias)
-               .withColumn(ACTION_COL, _first_applicable(resolved, resolved.not_matched, DROP))
+               .withColumn(ACTION_COL, first_applicable(resolved, resolved.not_matched, DROP))
                .observe(insert_obs,
-                        _count(resolved, _codes(resolved.not_matched, delete=False), "numTargetRowsInserted")))
-    output = (rewritten.filter(~F.col(ACTION_COL).isin([DROP, *_codes(target_side, delete=True)]))
-              .select(*_outputs(resolved, target_side, copy_from_target=True)))
+                        _count(resolved, codes_of(resolved.not_matched, delete=False), "numTargetRowsInserted")))
+    output = (rewritten.filter(~F.col(ACTION_COL).isin([DROP, *codes_of(target_side, delete=True)]))
+              .select(*outputs(resolved, target_side, copy_from_target=True)))
     inserted = (inserts.filter(F.col(ACTION_COL) != DROP)
-                .select(*_outputs(resolved, resolved.not_matched, copy_from_target=False)))
-    written = _write(spark, snapshot, output, resolved, layout, inserted)
+                .select(*outputs(resolved, resolved.not_matched, copy_from_target=False)))
+    written = write_frame(spark, snapshot, output, resolved, layout, inserted)
     counts = {**observed(target_obs), **observed(insert_obs)}
     counts["numSourceRowsInSecondScan"] = observed(src_obs).get("rows", 0)
     return RewriteResult(written, counts)
@@ -357,12 +357,12 @@ def write_inserts_only(
     else:
         unmatched = (source.alias(resolved.source_alias).withColumn(SOURCE_PRESENT, F.lit(True))
                      .observe(src_obs, F.count(F.lit(1)).alias("rows")))
-    with_action = unmatched.withColumn(ACTION_COL, _first_applicable(resolved, resolved.not_matched, DROP)).observe(
-        out_obs, _count(resolved, _codes(resolved.not_matched, delete=False), "numTargetRowsInserted")
+    with_action = unmatched.withColumn(ACTION_COL, first_applicable(resolved, resolved.not_matched, DROP)).observe(
+        out_obs, _count(resolved, codes_of(resolved.not_matched, delete=False), "numTargetRowsInserted")
     )
     output = with_action.filter(F.col(ACTION_COL) != DROP).select(
-        *_outputs(resolved, resolved.not_matched, copy_from_target=False))
-    written = _write(spark, snapshot, output, resolved, layout)
+        *outputs(resolved, resolved.not_matched, copy_from_target=False))
+    written = write_frame(spark, snapshot, output, resolved, layout)
     counts = observed(out_obs)
     counts[source_count_metric] = observed(src_obs).get("rows", 0)
     return RewriteResult(written, counts)

@@ -148,10 +148,15 @@ def run_merge(spark: SparkSession, path: str, step: MergeStep) -> Mapping[str, A
         builder = builder.withOptions(materialize_source="none", source_stats=stats)
         builder = builder.withOptions(**({"rewrite_all_candidates_bytes": 1 << 40} if len(step.source) % 4 == 0
                                          else {"single_pass_min_rows_per_file": 0}))
+        if len(step.source) % 8 == 2:
+            # ... or rewrite them map-side in one pass (a large target, a broadcast source).
+            builder = builder.withOptions(broadcast_scan_min_bytes=0)
     elif len(step.source) % 4 == 0:
         # The one-pass rewrite whatever the source's size, counting the source rows per key to
-        # rule out multiple matches (and falling back to findTouchedFiles when one is possible).
-        builder = builder.withOptions(single_pass_min_rows_per_file=0)
+        # rule out multiple matches (and falling back to findTouchedFiles when one is possible);
+        # with two clauses or more, map-side, as a large target with a broadcast source does.
+        builder = builder.withOptions(single_pass_min_rows_per_file=0,
+                                      **({"broadcast_scan_min_bytes": 0} if len(step.clauses) > 1 else {}))
     else:
         # Delta's two passes with the shuffled findTouchedFiles.
         builder = builder.withOptions(single_pass=False)

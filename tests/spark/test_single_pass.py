@@ -1,7 +1,9 @@
 """The one-pass MERGE (MergeOptions.single_pass): every candidate file rewritten in one Spark job
 that also observes which candidates were touched and whether a target row could have matched
 two source rows. Each case runs the same MERGE on two copies of one table, one pass and Delta's
-two passes, and compares the tables, the metrics and the files left in the folder.
+two passes, and compares the tables, the metrics and the files left in the folder; each runs
+the shuffled one pass and the map-side one (a broadcast source and a target past
+``broadcast_scan_min_bytes``, here 0), whose inserts follow in a job of their own.
 """
 
 from __future__ import annotations
@@ -22,6 +24,19 @@ from streaming_merge.merge import file_ids
 
 # Times, and the new files' bytes: the two plans write the same rows in another order.
 PHYSICAL_METRICS = {"executionTimeMs", "scanTimeMs", "rewriteTimeMs", "numTargetBytesAdded"}
+# The map-side pass writes the inserts into a file of their own (at the sizes it is chosen for,
+# the rewrite is spread over several files and Delta's two passes do the same).
+MAP_SIDE_PHYSICAL_METRICS = PHYSICAL_METRICS | {"numTargetFilesAdded"}
+PASSES = {"shuffled": {}, "map-side": {"broadcast_scan_min_bytes": 0}}
+# Spark jobs of a conclusive pass: materialize and the pass; map-side also the source's rows
+# per key (a shuffle, its own job under adaptive execution: the source's keys are not known
+# unique here), the source's broadcast and the inserts' write.
+CONCLUSIVE_JOBS = {"shuffled": 2, "map-side": 5}
+
+
+@pytest.fixture(params=list(PASSES))
+def one_pass(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
 SCHEMA = "id long, amount long, status string"
 
 
@@ -75,27 +90,34 @@ def run_merge(spark: SparkSession, path: str, folder: Path, rows: list[tuple[int
 
 
 def both_ways(spark: SparkSession, path: str, tmp_path: Path, rows: list[tuple[int, int, str]],
-              clauses: str = "update insert") -> tuple[dict[str, Any], int, dict[str, int]]:
-    """Run the MERGE one pass (default options) and two passes on a copy; assert the same table,
-    metrics and folder; return the one-pass run's metrics, jobs and jobs per phase."""
+              clauses: str = "update insert", one_pass: str = "shuffled") -> tuple[dict[str, Any], int, dict[str, int]]:
+    """Run the MERGE in one pass (``one_pass``: shuffled or map-side) and in two passes on a copy;
+    assert the same table, metrics and folder; return the one-pass run's metrics, jobs and jobs
+    per phase."""
     copy = str(tmp_path / "two_passes")
     shutil.copytree(path, copy)
-    one, jobs, phases = run_merge(spark, path, tmp_path / "src1", rows, clauses)
-    two, _, two_phases = run_merge(spark, copy, tmp_path / "src2", rows, clauses, single_pass=False)
+    one, jobs, phases = run_merge(spark, path, tmp_path / "src1", rows, clauses, **PASSES[one_pass])
+    two, _, two_phases = run_merge(spark, copy, tmp_path / "src2", rows, clauses, single_pass=False,
+                                   **PASSES[one_pass])
     assert two_phases.get("findTouchedFiles", 0) >= 1
     assert rows_by_id(path) == rows_by_id(copy)
-    assert {k: v for k, v in one.items() if k not in PHYSICAL_METRICS} == \
-        {k: v for k, v in two.items() if k not in PHYSICAL_METRICS}
-    assert parquet_files(path) == parquet_files(copy), "a discarded pass left files behind"
+    physical = PHYSICAL_METRICS if one_pass == "shuffled" else MAP_SIDE_PHYSICAL_METRICS
+    assert {k: v for k, v in one.items() if k not in physical} == {k: v for k, v in two.items() if k not in physical}
+    if one_pass == "shuffled":
+        assert parquet_files(path) == parquet_files(copy), "a discarded pass left files behind"
+    else:
+        added = one["numTargetFilesAdded"] - two["numTargetFilesAdded"]
+        assert parquet_files(path) == parquet_files(copy) + added, "a discarded pass left files behind"
     return dict(one.items()), jobs, phases
 
 
 def test_an_upsert_touching_every_candidate_is_one_job_after_materializing(
-        spark: SparkSession, even_ids: str, tmp_path: Path) -> None:
+        spark: SparkSession, even_ids: str, tmp_path: Path, one_pass: str) -> None:
     # 40 updates spread over the 4 files plus 10 new ids: 10 source rows per candidate file.
     rows = [(i, 1_000_000 + i, "new") for i in range(0, 4000, 100)] + [(i, 7, "ins") for i in range(5001, 5011)]
-    metrics, jobs, phases = both_ways(spark, even_ids, tmp_path, rows)
-    assert jobs == 2 and phases.get("findTouchedFiles", 0) == 0 and phases["writeAllChanges"] == 1
+    metrics, jobs, phases = both_ways(spark, even_ids, tmp_path, rows, one_pass=one_pass)
+    assert jobs == CONCLUSIVE_JOBS[one_pass] and phases.get("findTouchedFiles", 0) == 0
+    assert phases["writeAllChanges"] == CONCLUSIVE_JOBS[one_pass] - 1
     assert (metrics["numTargetFilesRemoved"], metrics["numTargetRowsUpdated"], metrics["numTargetRowsInserted"],
             metrics["numTargetRowsCopied"], metrics["numSourceRows"]) == (4, 40, 10, 1960, 50)
     table = {r["id"]: r for r in rows_by_id(even_ids)}
@@ -104,47 +126,50 @@ def test_an_upsert_touching_every_candidate_is_one_job_after_materializing(
 
 
 def test_files_of_one_size_under_a_root_spark_quotes_are_told_apart_in_one_pass(
-        spark: SparkSession, even_ids: str, tmp_path: Path) -> None:
+        spark: SparkSession, even_ids: str, tmp_path: Path, one_pass: str) -> None:
     """The path hashes are computed on the driver from the paths as Spark reports them (quoted):
     a root with a space and non-ASCII letters still gives every row its own file's id, so the
     pass is conclusive (a hash that differed from Spark's would send it to findTouchedFiles)."""
     quoted = str(tmp_path / "a folder" / "ümlaut table")
     shutil.copytree(even_ids, quoted)
     rows = [(i, 1_000_000 + i, "new") for i in range(0, 4000, 100)] + [(i, 7, "ins") for i in range(5001, 5011)]
-    metrics, jobs, phases = both_ways(spark, quoted, tmp_path, rows)
-    assert jobs == 2 and phases.get("findTouchedFiles", 0) == 0
+    metrics, jobs, phases = both_ways(spark, quoted, tmp_path, rows, one_pass=one_pass)
+    assert jobs == CONCLUSIVE_JOBS[one_pass] and phases.get("findTouchedFiles", 0) == 0
     assert (metrics["numTargetFilesRemoved"], metrics["numTargetRowsUpdated"]) == (4, 40)
 
 
 def test_an_untouched_candidate_is_left_alone_after_the_pass(
-        spark: SparkSession, even_ids: str, tmp_path: Path) -> None:
+        spark: SparkSession, even_ids: str, tmp_path: Path, one_pass: str) -> None:
     """The last file's range only receives new (odd) ids: it is a candidate the pass finds
     untouched, so its files are deleted and the three touched files are rewritten."""
     rows = [(i, 1_000_000 + i, "new") for i in range(0, 3000, 100)] + [(i, 7, "ins") for i in range(3001, 3999, 100)]
-    metrics, jobs, phases = both_ways(spark, even_ids, tmp_path, rows)
-    assert phases.get("findTouchedFiles", 0) == 0 and phases["writeAllChanges"] == 2 and jobs == 3
+    metrics, jobs, phases = both_ways(spark, even_ids, tmp_path, rows, one_pass=one_pass)
+    # Shuffled: the pass and the rewrite of the touched files; map-side, the pass is two jobs
+    # (the source's broadcast, then the rewrite) and no insert follows a discarded pass.
+    expected = {"shuffled": (2, 3), "map-side": (3, 4)}[one_pass]
+    assert phases.get("findTouchedFiles", 0) == 0 and (phases["writeAllChanges"], jobs) == expected
     assert (metrics["numTargetFilesAfterSkipping"], metrics["numTargetFilesRemoved"]) == (4, 3)
     assert (metrics["numTargetRowsUpdated"], metrics["numTargetRowsInserted"]) == (30, 10)
     assert metrics["numTargetRowsCopied"] == 1500 - 30  # the untouched file's 500 rows were not copied
 
 
 def test_matched_only_counts_a_file_touched_only_where_a_clause_applies(
-        spark: SparkSession, even_ids: str, tmp_path: Path) -> None:
+        spark: SparkSession, even_ids: str, tmp_path: Path, one_pass: str) -> None:
     """Conditional update only: the matches in the first file all fail the clause's condition,
     so that file is not touched (Delta's findTouchedFiles rule for MATCHED-only MERGEs)."""
     rows = [(i, -1, "lower") for i in range(0, 1000, 20)] + [(i, 1_000_000, "new") for i in range(1000, 4000, 20)]
-    metrics, _, phases = both_ways(spark, even_ids, tmp_path, rows, "update conditional")
+    metrics, _, phases = both_ways(spark, even_ids, tmp_path, rows, "update conditional", one_pass)
     assert phases.get("findTouchedFiles", 0) == 0
     assert (metrics["numTargetFilesRemoved"], metrics["numTargetRowsUpdated"]) == (3, 150)
     assert {r["status"] for r in rows_by_id(even_ids) if r["id"] < 1000} == {"old"}
 
 
 def test_duplicate_keys_among_inserts_only_stay_one_pass(
-        spark: SparkSession, even_ids: str, tmp_path: Path) -> None:
+        spark: SparkSession, even_ids: str, tmp_path: Path, one_pass: str) -> None:
     """Two source rows of one new key both insert (Delta's rule); no target row can match two."""
     rows = [(i, 1, "new") for i in range(0, 4000, 100)] + [(5001, 1, "a"), (5001, 2, "b")]
-    metrics, jobs, _ = both_ways(spark, even_ids, tmp_path, rows)
-    assert jobs == 2 and metrics["numTargetRowsInserted"] == 2
+    metrics, jobs, _ = both_ways(spark, even_ids, tmp_path, rows, one_pass=one_pass)
+    assert jobs == CONCLUSIVE_JOBS[one_pass] and metrics["numTargetRowsInserted"] == 2
     assert [r["status"] for r in rows_by_id(even_ids) if r["id"] == 5001] == ["a", "b"]
 
 
