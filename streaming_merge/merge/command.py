@@ -550,9 +550,7 @@ def _single_pass_probe(spark: SparkSession, snapshot: Snapshot, options: MergeOp
     matched_only = options.optimize_matched_only and resolved.clauses.is_matched_only
     if broadcast and not matched_only and candidate_bytes >= options.broadcast_scan_min_bytes:
         return None
-    target_types = {f.name: f.dataType for f in snapshot.schema.fields}
-    source_types = {f.name: f.dataType for f in source.schema.fields}
-    if not all(target_types.get(t) == source_types.get(s) and _groups_as_it_joins(source_types[s]) for t, s in pairs):
+    if not _keys_group_as_they_join(snapshot, source, pairs):
         return None
     return TouchProbe(
         file_ids=FileIds.of(spark, snapshot, candidates),
@@ -580,9 +578,7 @@ def _map_side_probe(spark: SparkSession, snapshot: Snapshot, options: MergeOptio
             or sum(f.size for f in candidates) < options.broadcast_scan_min_bytes
             or stats.rows < options.single_pass_min_rows_per_file * len(candidates)):
         return None
-    target_types = {f.name: f.dataType for f in snapshot.schema.fields}
-    source_types = {f.name: f.dataType for f in source.schema.fields}
-    if not all(target_types.get(t) == source_types.get(s) and _groups_as_it_joins(source_types[s]) for t, s in pairs):
+    if not _keys_group_as_they_join(snapshot, source, pairs):
         return None
     return TouchProbe(file_ids=FileIds.of(spark, snapshot, candidates), target_keys=tuple(t for t, _ in pairs),
                       source_keys=tuple(s for _, s in pairs),
@@ -592,31 +588,27 @@ def _map_side_probe(spark: SparkSession, snapshot: Snapshot, options: MergeOptio
 def _map_side_single_pass(spark: SparkSession, snapshot: Snapshot, candidates: list[DataFile], source: DataFrame,
                           resolved: ResolvedMerge, options: MergeOptions, probe: TouchProbe, source_bytes: int
                           ) -> tuple[RewriteResult | None, list[DataFile] | None]:
-    """As :func:`_single_pass`, map-side: the result when every candidate was touched (the
-    inserts written too), else the touched candidates (the pass already deleted its files),
-    or None for Delta's findTouchedFiles when a file id came back that no candidate has."""
+    """As :func:`_single_pass`, map-side (the inserts are written only when the pass settles
+    the MERGE; otherwise the pass has already deleted its files)."""
     with phase(spark, "writeAllChanges",
                f"MERGE operation - Rewriting {len(candidates)} candidate files map-side in one pass"):
         result = write_map_side_one_pass(spark, snapshot, candidates, source, resolved, probe,
                                          _layout(options, candidates, 0), _layout(options, [], source_bytes))
-    assert result.touched is not None
-    positions = [probe.file_ids.position(file_id) for file_id in result.touched]
-    touched = sorted(p for p in positions if p is not None)
-    if not result.matched_key_shared and len(touched) == len(result.touched) == len(candidates):
-        return result, list(candidates)
-    if result.matched_key_shared or len(touched) != len(result.touched):
-        log.info("MERGE into %s: map-side one pass inconclusive (a matched key with two source rows: %s); "
-                 "finding the touched files", snapshot.location, result.matched_key_shared)
-        return None, None
-    log.info("MERGE into %s: %d of %d candidate files touched; rewriting those", snapshot.location,
-             len(touched), len(candidates))
-    return None, [candidates[i] for i in touched]
+    return _settled(spark, snapshot, candidates, probe, result)
 
 
 def _layout(options: MergeOptions, files: Sequence[DataFile], source_bytes: int) -> FileLayout:
     """How the new files of a rewrite of ``files`` plus a source of ``source_bytes`` are cut."""
     return FileLayout(options.repartition_before_write, options.target_file_size,
                       sum(f.size for f in files) + source_bytes, options.min_parallel_file_size)
+
+
+def _keys_group_as_they_join(snapshot: Snapshot, source: DataFrame, pairs: list[tuple[str, str]]) -> bool:
+    """Every key pair joins columns of one type whose grouping puts together exactly the values
+    that join as equal (see _groups_as_it_joins): the one passes count and collect by key."""
+    target_types = {f.name: f.dataType for f in snapshot.schema.fields}
+    source_types = {f.name: f.dataType for f in source.schema.fields}
+    return all(target_types.get(t) == source_types.get(s) and _groups_as_it_joins(source_types[s]) for t, s in pairs)
 
 
 _EXACT_KEY_TYPES = (IntegralType, DecimalType, DateType, TimestampType, TimestampNTZType, BooleanType, BinaryType)
@@ -634,14 +626,20 @@ def _groups_as_it_joins(data_type: DataType) -> bool:
 def _single_pass(spark: SparkSession, snapshot: Snapshot, candidates: list[DataFile], source: DataFrame,
                  resolved: ResolvedMerge, options: MergeOptions, probe: TouchProbe, broadcast: bool,
                  layout: FileLayout) -> tuple[RewriteResult | None, list[DataFile] | None]:
-    """Rewrite every candidate in one job and settle what it found: the result when every
-    candidate was touched and no target row can have matched twice; otherwise its files are
-    deleted and the touched candidates are returned for the rewrite (None: a target row may
-    have matched two source rows, which Delta's findTouchedFiles decides, and reports)."""
+    """Rewrite every candidate in one job and settle what it found (see _settled)."""
     with phase(spark, "writeAllChanges", f"MERGE operation - Rewriting {len(candidates)} candidate files in one pass"):
         result = write_all_changes(spark, snapshot, candidates, source, resolved,
                                    optimize_matched_only=options.optimize_matched_only, layout=layout,
                                    broadcast_source=broadcast, probe=probe)
+    return _settled(spark, snapshot, candidates, probe, result)
+
+
+def _settled(spark: SparkSession, snapshot: Snapshot, candidates: list[DataFile], probe: TouchProbe,
+             result: RewriteResult) -> tuple[RewriteResult | None, list[DataFile] | None]:
+    """What a one pass found: the result when every candidate was touched and no target row can
+    have matched twice; otherwise its files are deleted and the touched candidates are returned
+    for the rewrite (None: a target row may have matched two source rows, which Delta's
+    findTouchedFiles decides, and reports)."""
     assert result.touched is not None
     positions = [probe.file_ids.position(file_id) for file_id in result.touched]
     touched = sorted(p for p in positions if p is not None)
