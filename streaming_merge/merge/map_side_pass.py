@@ -20,6 +20,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from py4j.protocol import Py4JError
 from pyspark.serializers import CPickleSerializer
 from pyspark.sql import Column, DataFrame, Observation, SparkSession, Window
 from pyspark.sql import functions as F
@@ -79,7 +80,11 @@ def write_map_side_one_pass(spark: SparkSession, snapshot: Snapshot, candidates:
               .select(*outputs(resolved, resolved.matched, copy_from_target=True)))
     written = write_frame(spark, snapshot, output, resolved, layout)
     try:
-        counts, touched, matched_keys = _observed(target_obs)
+        try:
+            counts, touched, matched_keys = _observed(target_obs)
+        except Py4JError:  # no metrics row: Spark removed the node over an input it proved empty
+            delete_written(spark, snapshot.location, written)
+            return RewriteResult([], {}, frozenset(), matched_key_shared=True)  # let findTouchedFiles decide
         counts["numSourceRowsInSecondScan"] = observed(src_obs).get("rows", 0)
         shared = SHARED_KEY in touched
         touched.discard(SHARED_KEY)
@@ -115,7 +120,7 @@ def _matched_keys(resolved: ResolvedMerge, probe: TouchProbe) -> Column:
 def _observed(observation: Observation) -> tuple[dict[str, int], set[int], Any]:
     """The counts and the touched candidates' ids, converted to Python, and the matched keys
     left in the JVM (a Scala sequence of rows): the metrics row is cut there, so only its small
-    part is pickled. The observation always arrives: the target side is never empty here."""
+    part is pickled. Raises Py4JError when no metrics row arrived."""
     row = observation._jo.getRow()
     schema = row.schema()
     keys_at = int(schema.fieldIndex(MATCHED_KEYS))
