@@ -190,3 +190,22 @@ def test_too_few_source_rows_per_candidate_keep_the_two_passes(
     _, _, phases = run_merge(spark, even_ids, tmp_path / "src", rows, "update insert")
     assert phases["findTouchedFiles"] >= 1
     assert {r["id"] for r in rows_by_id(even_ids) if r["status"] == "new"} == set(range(0, 4000, 500))
+
+
+def test_a_failed_insert_write_after_the_map_side_pass_leaves_nothing_behind(
+        spark: SparkSession, even_ids: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The map-side pass writes the rewritten files before the inserts: when the inserts' write
+    fails, the rewritten files are deleted too and nothing is committed."""
+    from streaming_merge.merge import map_side_pass
+
+    def failing_write(*args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError("the inserts' write failed")
+
+    monkeypatch.setattr(map_side_pass, "write_inserts_only", failing_write)
+    before, files_before = rows_by_id(even_ids), parquet_files(even_ids)
+    version = deltalake.DeltaTable(even_ids).version()
+    rows = [(i, 1_000_000 + i, "new") for i in range(0, 4000, 100)] + [(i, 7, "ins") for i in range(5001, 5011)]
+    with pytest.raises(RuntimeError, match="the inserts' write failed"):
+        run_merge(spark, even_ids, tmp_path / "src", rows, "update insert", **PASSES["map-side"])
+    assert deltalake.DeltaTable(even_ids).version() == version
+    assert rows_by_id(even_ids) == before and parquet_files(even_ids) == files_before
