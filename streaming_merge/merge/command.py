@@ -542,15 +542,11 @@ def _single_pass_probe(spark: SparkSession, snapshot: Snapshot, options: MergeOp
     equality or one across types (a cast could make distinct source keys equal one target
     value), and an upsert of a broadcast source into a target big enough that streaming it past
     the broadcast and rewriting map-side beats shuffling it for a full outer join."""
-    if (not options.single_pass or not candidates or not pairs or resolved.not_matched_by_source
-            or resolved.clauses.is_only_one_unconditional_delete
-            or stats.rows < options.single_pass_min_rows_per_file * len(candidates)):
+    if not _one_pass_applies(snapshot, options, resolved, source, stats, pairs, candidates):
         return None
     candidate_bytes = sum(f.size for f in candidates)
     matched_only = options.optimize_matched_only and resolved.clauses.is_matched_only
     if broadcast and not matched_only and candidate_bytes >= options.broadcast_scan_min_bytes:
-        return None
-    if not _keys_group_as_they_join(snapshot, source, pairs):
         return None
     return TouchProbe(
         file_ids=FileIds.of(spark, snapshot, candidates),
@@ -572,13 +568,10 @@ def _map_side_probe(spark: SparkSession, snapshot: Snapshot, options: MergeOptio
     target (an unpartitioned one: the inserts get files of their own, which would add a file
     per partition value). Without known unique source keys, the source's rows per key are
     counted: a matched key with two rows sends the MERGE to findTouchedFiles."""
-    if (not options.single_pass or not broadcast or not candidates or not pairs or snapshot.partition_columns
-            or resolved.not_matched_by_source or resolved.clauses.is_only_one_unconditional_delete
+    if (not broadcast or snapshot.partition_columns
             or (options.optimize_matched_only and resolved.clauses.is_matched_only)
-            or sum(f.size for f in candidates) < options.broadcast_scan_min_bytes
-            or stats.rows < options.single_pass_min_rows_per_file * len(candidates)):
-        return None
-    if not _keys_group_as_they_join(snapshot, source, pairs):
+            or not _one_pass_applies(snapshot, options, resolved, source, stats, pairs, candidates)
+            or sum(f.size for f in candidates) < options.broadcast_scan_min_bytes):
         return None
     return TouchProbe(file_ids=FileIds.of(spark, snapshot, candidates), target_keys=tuple(t for t, _ in pairs),
                       source_keys=tuple(s for _, s in pairs),
@@ -601,6 +594,17 @@ def _layout(options: MergeOptions, files: Sequence[DataFile], source_bytes: int)
     """How the new files of a rewrite of ``files`` plus a source of ``source_bytes`` are cut."""
     return FileLayout(options.repartition_before_write, options.target_file_size,
                       sum(f.size for f in files) + source_bytes, options.min_parallel_file_size)
+
+
+def _one_pass_applies(snapshot: Snapshot, options: MergeOptions, resolved: ResolvedMerge, source: DataFrame,
+                      stats: SourceStats, pairs: list[tuple[str, str]], candidates: Sequence[DataFile]) -> bool:
+    """What both one passes need (see _single_pass_probe for why): the option on, candidates,
+    no clause on unmatched target rows, not a lone unconditional delete, enough source rows to
+    touch every candidate, and key equalities whose columns group as they join."""
+    return (options.single_pass and bool(candidates) and bool(pairs) and not resolved.not_matched_by_source
+            and not resolved.clauses.is_only_one_unconditional_delete
+            and stats.rows >= options.single_pass_min_rows_per_file * len(candidates)
+            and _keys_group_as_they_join(snapshot, source, pairs))
 
 
 def _keys_group_as_they_join(snapshot: Snapshot, source: DataFrame, pairs: list[tuple[str, str]]) -> bool:
