@@ -9,6 +9,8 @@ from __future__ import annotations
 import logging
 import os
 import sys
+from importlib import resources
+from pathlib import Path
 
 from pyspark.sql import SparkSession
 
@@ -17,6 +19,8 @@ log = logging.getLogger(__name__)
 LOOPBACK = "127.0.0.1"
 DRIVER_JAVA_OPTIONS = "spark.driver.extraJavaOptions"
 C1_ONLY = "-XX:TieredStopAtLevel=1"
+QUIET_LOGGING_FILE = "log4j2-quiet.properties"
+LOG4J2_CONFIGURATION = "log4j2.configurationFile"
 _ADDRESS_SETTINGS = ("spark.driver.host", "spark.driver.bindAddress")
 LOCAL_FILE_SYSTEM_SETTING = "spark.hadoop.fs.file.impl"
 RAW_LOCAL_FILE_SYSTEM = "org.apache.hadoop.fs.RawLocalFileSystem"
@@ -45,6 +49,7 @@ def local_session(
     conf = {**_loopback_conf(master, extra_conf or {}), **_local_files_conf(master), **(extra_conf or {})}
     if short_run:
         conf.update(_short_run_conf(master, conf))
+    conf.update(_quiet_start_conf(master, conf))
     builder = (
         SparkSession.builder.appName(app_name)
         .master(master)
@@ -118,6 +123,25 @@ def _short_run_conf(master: str, conf: dict[str, str]) -> dict[str, str]:
     if "TieredStopAtLevel" in given:
         return {}
     return {DRIVER_JAVA_OPTIONS: f"{given} {C1_ONLY}".strip()}
+
+
+def _quiet_start_conf(master: str, conf: dict[str, str]) -> dict[str, str]:
+    """A local driver JVM logs with the package's log4j2 settings (WARN, as Spark's Python
+    shells use, and Hadoop's "Unable to load native-hadoop library" at ERROR: the pyspark
+    wheel has no native library and Hadoop's Java code is used instead, nothing to act on).
+
+    With Spark's built-in defaults every start prints four lines before the first line of the
+    job ("Using Spark's default log4j profile", "Setting default log level", "To adjust
+    logging level", the native-library warning); a new user's first run should show only the
+    job's output. Kept out of the way of any logging set-up of the caller's: their own
+    ``log4j2.configurationFile`` option, or a ``SPARK_CONF_DIR`` (which may hold a
+    ``log4j2.properties``). Cluster masters keep their own."""
+    given = conf.get(DRIVER_JAVA_OPTIONS, "").strip()
+    if not _is_local(master) or LOG4J2_CONFIGURATION in given or os.environ.get("SPARK_CONF_DIR"):
+        return {}
+    settings = resources.files("streaming_merge").joinpath(QUIET_LOGGING_FILE)
+    uri = Path(str(settings)).resolve().as_uri()  # percent-encoded: no space splits the options
+    return {DRIVER_JAVA_OPTIONS: f"{given} -D{LOG4J2_CONFIGURATION}={uri}".strip()}
 
 
 def _loopback_conf(master: str, extra_conf: dict[str, str]) -> dict[str, str]:

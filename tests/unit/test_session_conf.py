@@ -1,10 +1,13 @@
 """The local session's settings that depend on the master, and what importing the package costs a
-Python worker; without a JVM."""
+Python worker; without the test session's JVM (one test starts a session in a process of its own)."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
+import urllib.parse
+from pathlib import Path
 
 import pytest
 
@@ -49,3 +52,37 @@ def test_a_short_local_run_stops_the_drivers_jit_at_c1_and_keeps_given_java_opti
     # The caller's own JIT level wins; cluster masters keep their JVMs' defaults.
     assert session._short_run_conf("local", {"spark.driver.extraJavaOptions": "-XX:TieredStopAtLevel=4"}) == {}
     assert session._short_run_conf("yarn", {}) == {}
+
+
+def test_a_local_driver_logs_with_the_packages_quiet_settings_unless_the_caller_set_up_logging(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("SPARK_CONF_DIR", raising=False)
+    options = session._quiet_start_conf("local[2]", {"spark.driver.extraJavaOptions": "-XX:TieredStopAtLevel=1"})
+    given, setting = options["spark.driver.extraJavaOptions"].split(" ")
+    assert given == "-XX:TieredStopAtLevel=1"
+    name, uri = setting.split("=", 1)
+    assert name == "-Dlog4j2.configurationFile"
+    settings = Path(urllib.parse.unquote(urllib.parse.urlparse(uri).path)).read_text()
+    assert "rootLogger.level = warn" in settings
+    assert "logger.native_hadoop.name = org.apache.hadoop.util.NativeCodeLoader" in settings
+    # The caller's own logging set-up and cluster masters are left alone.
+    assert session._quiet_start_conf("local", {"spark.driver.extraJavaOptions": "-Dlog4j2.configurationFile=x"}) == {}
+    assert session._quiet_start_conf("yarn", {}) == {}
+    monkeypatch.setenv("SPARK_CONF_DIR", "/etc/spark/conf")
+    assert session._quiet_start_conf("local[2]", {}) == {}
+
+
+@pytest.mark.spark
+@pytest.mark.slow
+def test_a_local_session_starts_without_sparks_start_up_notices() -> None:
+    """A new process, as a user's first run: stderr holds none of Spark's and Hadoop's
+    start-up notices (the JVM's own incubator-module line is out of Spark's reach)."""
+    probe = ("from streaming_merge.session import local_session; "
+             "print(local_session('quiet', 'local[1]').range(3).count())")
+    env = {key: value for key, value in os.environ.items() if key != "SPARK_CONF_DIR"}
+    result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True, env=env,
+                            timeout=300)
+    assert result.stdout.strip() == "3"
+    for notice in ("Using Spark's default log4j profile", "Setting default log level",
+                   "To adjust logging level", "NativeCodeLoader"):
+        assert notice not in result.stderr, result.stderr
