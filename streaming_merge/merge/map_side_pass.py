@@ -26,22 +26,16 @@ from pyspark.sql import Column, DataFrame, Observation, SparkSession, Window
 from pyspark.sql import functions as F
 from pyspark.sql.types import StructType
 
-from streaming_merge.merge.resolve import SOURCE_PRESENT, TARGET_PRESENT, ResolvedMerge
+from streaming_merge.merge.resolve import SOURCE_PRESENT, ResolvedMerge
 from streaming_merge.merge.rewrite import (
-    ACTION_COL,
-    COPY,
-    DROP,
     ROWS_PER_KEY_COL,
     SHARED_KEY,
     TOUCHED_FILES,
     FileLayout,
     RewriteResult,
     TouchProbe,
-    codes_of,
-    first_applicable,
     observed,
-    outputs,
-    target_row_counts,
+    rewrite_map_side,
     touch_observations,
     write_frame,
     write_inserts_only,
@@ -61,23 +55,14 @@ def write_map_side_one_pass(spark: SparkSession, snapshot: Snapshot, candidates:
     source row), insert the source rows whose key matched nothing. ``inserts_layout`` cuts the
     inserts' own files. Otherwise only the rewrite ran, and its files are already deleted; the
     result's ``touched`` and ``matched_key_shared`` say why."""
-    src_obs, target_obs = Observation(), Observation()
     side = source
     if probe.count_keys:
         side = side.withColumn(ROWS_PER_KEY_COL, F.count(F.lit(1)).over(
             Window.partitionBy(*[F.col(f"`{k}`") for k in probe.source_keys])))
-    src = F.broadcast(side.alias(resolved.source_alias).withColumn(SOURCE_PRESENT, F.lit(True))
-                      .observe(src_obs, F.count(F.lit(1)).alias("rows")))
-    tgt = (scan_with_file_ids(spark, snapshot, candidates, resolved, probe.file_ids, keep_row_index=False)
-           .alias(resolved.target_alias).withColumn(TARGET_PRESENT, F.lit(True)))
-    rewritten = tgt.join(src, resolved.condition, "left_outer")
-    action = F.when(F.col(SOURCE_PRESENT).isNotNull(), first_applicable(resolved, resolved.matched, COPY)).otherwise(
-        F.lit(COPY))
-    rewritten = rewritten.withColumn(ACTION_COL, action).observe(
-        target_obs, *target_row_counts(resolved),
+    target = scan_with_file_ids(spark, snapshot, candidates, resolved, probe.file_ids, keep_row_index=False)
+    output, src_obs, target_obs = rewrite_map_side(
+        target, side, resolved,
         *touch_observations(resolved, probe, resolved.clauses.is_matched_only), _matched_keys(resolved, probe))
-    output = (rewritten.filter(~F.col(ACTION_COL).isin([DROP, *codes_of(resolved.matched, delete=True)]))
-              .select(*outputs(resolved, resolved.matched, copy_from_target=True)))
     written = write_frame(spark, snapshot, output, resolved, layout)
     try:
         try:

@@ -303,28 +303,39 @@ def write_changes_map_side(
     """writeAllChanges for a source small enough to broadcast: the touched files LEFT OUTER
     JOIN broadcast(source), so the target is never shuffled, plus the inserts from the
     source rows that findTouchedFiles saw match nothing (no second join for them)."""
-    src_obs, target_obs, insert_obs = Observation(), Observation(), Observation()
-    src = F.broadcast(source.alias(resolved.source_alias).withColumn(SOURCE_PRESENT, F.lit(True))
-                      .observe(src_obs, F.count(F.lit(1)).alias("rows")))
-    tgt = (scan_files(spark, snapshot, files_to_rewrite, schema=resolved.output_schema)
-           .alias(resolved.target_alias).withColumn(TARGET_PRESENT, F.lit(True)))
-    target_side = resolved.matched + resolved.not_matched_by_source
-    rewritten = tgt.join(src, resolved.condition, "left_outer")
-    action = F.when(F.col(SOURCE_PRESENT).isNotNull(), first_applicable(resolved, resolved.matched, COPY)).otherwise(
-        first_applicable(resolved, resolved.not_matched_by_source, COPY))
-    rewritten = rewritten.withColumn(ACTION_COL, action).observe(target_obs, *target_row_counts(resolved))
+    insert_obs = Observation()
+    target = scan_files(spark, snapshot, files_to_rewrite, schema=resolved.output_schema)
+    output, src_obs, target_obs = rewrite_map_side(target, source, resolved)
     inserts = (unmatched_source.alias(resolved.source_alias)
                .withColumn(ACTION_COL, first_applicable(resolved, resolved.not_matched, DROP))
                .observe(insert_obs,
                         _count(resolved, codes_of(resolved.not_matched, delete=False), "numTargetRowsInserted")))
-    output = (rewritten.filter(~F.col(ACTION_COL).isin([DROP, *codes_of(target_side, delete=True)]))
-              .select(*outputs(resolved, target_side, copy_from_target=True)))
     inserted = (inserts.filter(F.col(ACTION_COL) != DROP)
                 .select(*outputs(resolved, resolved.not_matched, copy_from_target=False)))
     written = write_frame(spark, snapshot, output, resolved, layout, inserted)
     counts = {**observed(target_obs), **observed(insert_obs)}
     counts["numSourceRowsInSecondScan"] = observed(src_obs).get("rows", 0)
     return RewriteResult(written, counts)
+
+
+def rewrite_map_side(target: DataFrame, source: DataFrame, resolved: ResolvedMerge, *observing: Column
+                     ) -> tuple[DataFrame, Observation, Observation]:
+    """The target rows as they are written back: ``target`` LEFT OUTER JOIN broadcast(source),
+    each row's action applied (deleted rows dropped). Returns that frame and the observations
+    it fills when written: the source rows read, and the target's row counts plus
+    ``observing`` (aggregates over the joined rows and their action)."""
+    src_obs, target_obs = Observation(), Observation()
+    src = F.broadcast(source.alias(resolved.source_alias).withColumn(SOURCE_PRESENT, F.lit(True))
+                      .observe(src_obs, F.count(F.lit(1)).alias("rows")))
+    tgt = target.alias(resolved.target_alias).withColumn(TARGET_PRESENT, F.lit(True))
+    target_side = resolved.matched + resolved.not_matched_by_source
+    action = F.when(F.col(SOURCE_PRESENT).isNotNull(), first_applicable(resolved, resolved.matched, COPY)).otherwise(
+        first_applicable(resolved, resolved.not_matched_by_source, COPY))
+    rewritten = (tgt.join(src, resolved.condition, "left_outer").withColumn(ACTION_COL, action)
+                 .observe(target_obs, *target_row_counts(resolved), *observing))
+    output = (rewritten.filter(~F.col(ACTION_COL).isin([DROP, *codes_of(target_side, delete=True)]))
+              .select(*outputs(resolved, target_side, copy_from_target=True)))
+    return output, src_obs, target_obs
 
 
 def write_inserts_only(
