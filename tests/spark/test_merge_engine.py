@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import deltalake
+import pyarrow as pa
 import pytest
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
@@ -27,7 +28,8 @@ from streaming_merge.errors import (
     NotADeltaTableError,
     UnsupportedTableFeatureError,
 )
-from streaming_merge.merge.materialize import checkpoint_rdd_id, is_lost_block_error
+from streaming_merge.merge.command import EXCLUDED_RULES, LOCAL_ROWS_PROJECTION_RULE
+from streaming_merge.merge.materialize import carries_local_rows, checkpoint_rdd_id, is_lost_block_error
 
 
 def rows(path: str) -> list[dict[str, Any]]:
@@ -360,6 +362,29 @@ def test_empty_merge_still_records_the_transaction(spark: SparkSession, people: 
     assert metrics["num_affected_rows"] == 0 and metrics["numTargetFilesRemoved"] == 0
     assert deltalake.DeltaTable(people.path).transaction_version("a") == 3
     assert len(rows(people.path)) == 4
+
+
+def test_a_local_source_is_projected_in_the_tasks_and_the_callers_excluded_rules_come_back(
+        spark: SparkSession, people: DeltaTable) -> None:
+    """Spark's ConvertToLocalRelation evaluates projections over local rows on the driver, row by
+    row; during a MERGE of such a source it is excluded beside the caller's own exclusions,
+    which are as they were afterwards."""
+    callers_rule = "org.apache.spark.sql.catalyst.optimizer.ConstantFolding"
+    local = spark.createDataFrame(pa.table({"id": pa.array([1, 5], pa.int32()), "name": ["ann", "fay"],
+                                            "score": pa.array([100, 50], pa.int32()), "region": ["eu", "us"]}))
+    assert carries_local_rows(local)
+    seen: list[str | None] = []
+    spark.conf.set(EXCLUDED_RULES, callers_rule)
+    try:
+        metrics = (_upsert(people, local.alias("s"))
+                   .withOptions(phase_hook=lambda phase, _: seen.append(spark.conf.get(EXCLUDED_RULES, None)))
+                   .execute())
+        assert spark.conf.get(EXCLUDED_RULES) == callers_rule
+    finally:
+        spark.conf.unset(EXCLUDED_RULES)
+    assert seen and set(seen) == {f"{callers_rule},{LOCAL_ROWS_PROJECTION_RULE}"}
+    assert (metrics["numTargetRowsUpdated"], metrics["numTargetRowsInserted"]) == (1, 1)
+    assert {r["id"]: r["score"] for r in rows(people.path)} == {1: 100, 2: 20, 3: 30, 4: 40, 5: 50}
 
 
 # ---------------------------------------------------------------- materialized source: lost blocks

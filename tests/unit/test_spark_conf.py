@@ -59,3 +59,13 @@ def test_the_previous_values_come_back_when_the_block_fails() -> None:
     with pytest.raises(RuntimeError, match="boom"), temporary_conf(session, {"a": "2", "b": "3"}):
         raise RuntimeError("boom")
     assert session.conf.values == {"a": "1"}
+
+
+def test_an_excluded_rule_joins_the_callers_exclusions_once() -> None:
+    from streaming_merge.merge.command import with_excluded_rule
+
+    rule = "org.apache.spark.sql.catalyst.optimizer.ConvertToLocalRelation"
+    assert with_excluded_rule(None, rule) == rule
+    assert with_excluded_rule("", rule) == rule
+    assert with_excluded_rule(" a.B , c.D ", rule) == f"a.B,c.D,{rule}"
+    assert with_excluded_rule(f"a.B,{rule}", rule) == f"a.B,{rule}"
