@@ -119,10 +119,9 @@ def _short_run_conf(master: str, conf: dict[str, str]) -> dict[str, str]:
     their JVMs' defaults. Options the caller gave for the driver's JVM are kept."""
     if not _is_local(master):
         return {}
-    given = conf.get(DRIVER_JAVA_OPTIONS, "").strip()
-    if "TieredStopAtLevel" in given:
+    if "TieredStopAtLevel" in conf.get(DRIVER_JAVA_OPTIONS, ""):
         return {}
-    return {DRIVER_JAVA_OPTIONS: f"{given} {C1_ONLY}".strip()}
+    return _with_driver_java_option(conf, C1_ONLY)
 
 
 def _quiet_start_conf(master: str, conf: dict[str, str]) -> dict[str, str]:
@@ -136,12 +135,17 @@ def _quiet_start_conf(master: str, conf: dict[str, str]) -> dict[str, str]:
     job's output. Kept out of the way of any logging set-up of the caller's: their own
     ``log4j2.configurationFile`` option, or a ``SPARK_CONF_DIR`` (which may hold a
     ``log4j2.properties``). Cluster masters keep their own."""
-    given = conf.get(DRIVER_JAVA_OPTIONS, "").strip()
-    if not _is_local(master) or LOG4J2_CONFIGURATION in given or os.environ.get("SPARK_CONF_DIR"):
+    if not _is_local(master) or LOG4J2_CONFIGURATION in conf.get(DRIVER_JAVA_OPTIONS, "") or \
+            os.environ.get("SPARK_CONF_DIR"):
         return {}
     settings = resources.files("streaming_merge").joinpath(QUIET_LOGGING_FILE)
     uri = Path(str(settings)).resolve().as_uri()  # percent-encoded: no space splits the options
-    return {DRIVER_JAVA_OPTIONS: f"{given} -D{LOG4J2_CONFIGURATION}={uri}".strip()}
+    return _with_driver_java_option(conf, f"-D{LOG4J2_CONFIGURATION}={uri}")
+
+
+def _with_driver_java_option(conf: dict[str, str], option: str) -> dict[str, str]:
+    """The driver JVM's options with ``option`` after those already given."""
+    return {DRIVER_JAVA_OPTIONS: f"{conf.get(DRIVER_JAVA_OPTIONS, '').strip()} {option}".strip()}
 
 
 def _loopback_conf(master: str, extra_conf: dict[str, str]) -> dict[str, str]:
