@@ -18,6 +18,7 @@ from pyspark.sql import Column, DataFrame, Observation, SparkSession, Window
 from pyspark.sql import functions as F
 
 from streaming_merge._slots import task_slots
+from streaming_merge._spark_conf import temporary_conf
 from streaming_merge.merge.file_ids import FileIds
 from streaming_merge.merge.resolve import (
     SOURCE_PRESENT,
@@ -216,9 +217,11 @@ def write_all_changes(
     write's job also observes what findTouchedFiles would have found (see TouchProbe)."""
     src_obs, out_obs = Observation(), Observation()
     matched_only = optimize_matched_only and resolved.clauses.is_matched_only
+    shuffled = not (matched_only and broadcast_source)
+    one_task = probe is not None and shuffled and probe.partitions == 1
     if probe is not None:
         source, tgt_scan = _probed_sides(spark, snapshot, files_to_rewrite, source, resolved, probe,
-                                         shuffled=not (matched_only and broadcast_source))
+                                         shuffled=shuffled, one_task=one_task)
     else:
         tgt_scan = scan_files(spark, snapshot, files_to_rewrite, schema=resolved.output_schema)
     if matched_only and broadcast_source:  # a right outer join can build its left side
@@ -246,7 +249,10 @@ def write_all_changes(
     )
     dropped = [DROP, *codes_of(resolved.all, delete=True)]
     output = with_action.filter(~F.col(ACTION_COL).isin(dropped)).select(*outputs(resolved, resolved.all, True))
-    written = write_frame(spark, snapshot, output, resolved, layout)
+    # Sides in one partition pair without an exchange only when Spark's size estimate of each is
+    # within this setting; a checkpointed source (a sink's batch) has no estimate.
+    with temporary_conf(spark, {_MAX_SINGLE_PARTITION_BYTES: str(1 << 62)} if one_task else {}):
+        written = write_frame(spark, snapshot, output, resolved, layout)
     values = observed_values(out_obs)
     touched_ids = {int(i) for i in values.pop(TOUCHED_FILES, None) or []}
     counts = {k: int(v or 0) for k, v in values.items()}
@@ -258,18 +264,27 @@ def write_all_changes(
 
 
 def _probed_sides(spark: SparkSession, snapshot: Snapshot, candidates: Sequence[DataFile], source: DataFrame,
-                  resolved: ResolvedMerge, probe: TouchProbe, *, shuffled: bool) -> tuple[DataFrame, DataFrame]:
+                  resolved: ResolvedMerge, probe: TouchProbe, *, shuffled: bool, one_task: bool
+                  ) -> tuple[DataFrame, DataFrame]:
     """The source with its rows per key (when counted) and the candidates' rows with their file
     positions; for a ``shuffled`` join both hash-partitioned on the join keys alike, so that the
-    window's partitioning is the join's and nothing is shuffled twice."""
+    window's partitioning is the join's and nothing is shuffled twice. A join of ``one_task``
+    (one output file: small inputs) takes both sides in one partition as they are read, so the
+    join, the window and the write run in the scans' stage without an exchange (a 1k-row upsert
+    into 100k rows: 3 stages -> 1, 507 -> 450 ms in one process)."""
     source_keys = [F.col(f"`{k}`") for k in probe.source_keys]
     target = scan_with_file_ids(spark, snapshot, candidates, resolved, probe.file_ids, keep_row_index=False)
-    if shuffled:
+    if one_task:
+        source, target = source.coalesce(1), target.coalesce(1)
+    elif shuffled:
         source = source.repartition(probe.partitions, *source_keys)
         target = target.repartition(probe.partitions, *[F.col(f"`{k}`") for k in probe.target_keys])
     if probe.count_keys:
         source = source.withColumn(ROWS_PER_KEY_COL, F.count(F.lit(1)).over(Window.partitionBy(*source_keys)))
     return source, target
+
+
+_MAX_SINGLE_PARTITION_BYTES = "spark.sql.maxSinglePartitionBytes"
 
 
 def touch_observations(resolved: ResolvedMerge, probe: TouchProbe, matched_only: bool) -> list[Column]:

@@ -209,3 +209,31 @@ def test_a_failed_insert_write_after_the_map_side_pass_leaves_nothing_behind(
         run_merge(spark, even_ids, tmp_path / "src", rows, "update insert", **PASSES["map-side"])
     assert deltalake.DeltaTable(even_ids).version() == version
     assert rows_by_id(even_ids) == before and parquet_files(even_ids) == files_before
+
+
+def test_a_small_one_pass_reads_joins_and_writes_in_one_stage(spark: SparkSession, tmp_path: Path) -> None:
+    """One output file: both sides are taken in one partition as read, so the pass's job has no
+    exchange (it had two: each side hashed on the key into that one partition)."""
+    path = str(tmp_path / "small")
+    for start in range(0, 4000, 1000):
+        ids = list(range(start, start + 1000, 2))
+        deltalake.write_deltalake(path, pa.table({"id": pa.array(ids, pa.int64()), "amount": pa.array(ids, pa.int64()),
+                                                  "status": pa.array(["old"] * len(ids))}), mode="append")
+    rows = [(i, 1_000_000 + i, "new") for i in range(0, 4000, 100)] + [(i, 7, "ins") for i in range(5001, 5011)]
+    spark.createDataFrame(rows, SCHEMA).coalesce(1).write.parquet(str(tmp_path / "src"))
+    source = spark.read.parquet(str(tmp_path / "src"))
+    context = spark.sparkContext
+    context.setLocalProperty("spark.jobGroup.id", "small-one-pass")
+    try:
+        metrics = (DeltaTable.forPath(spark, path).alias("t").merge(source.alias("s"), "t.id = s.id")
+                   .whenMatchedUpdateAll().whenNotMatchedInsertAll().execute())
+    finally:
+        context.setLocalProperty("spark.jobGroup.id", None)  # type: ignore[arg-type]
+    tracker = context.statusTracker()
+    jobs = tracker.getJobIdsForGroup("small-one-pass")
+    stages = [len(info.stageIds) for job in jobs if (info := tracker.getJobInfo(job)) is not None]
+    assert stages == [1, 1], stages  # materialize, then the pass
+    assert (metrics["numTargetFilesRemoved"], metrics["numTargetFilesAdded"], metrics["numTargetRowsUpdated"],
+            metrics["numTargetRowsInserted"], metrics["numTargetRowsCopied"]) == (4, 1, 40, 10, 1960)
+    table = {r["id"]: r for r in rows_by_id(path)}
+    assert len(table) == 2010 and table[100]["amount"] == 1_000_100 and table[5001]["status"] == "ins"
