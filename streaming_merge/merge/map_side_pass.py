@@ -22,21 +22,20 @@ from typing import Any
 
 from py4j.protocol import Py4JError
 from pyspark.serializers import CPickleSerializer
-from pyspark.sql import Column, DataFrame, Observation, SparkSession, Window
+from pyspark.sql import Column, DataFrame, Observation, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import StructType
 
 from streaming_merge.merge.resolve import SOURCE_PRESENT, ResolvedMerge
 from streaming_merge.merge.rewrite import (
-    ROWS_PER_KEY_COL,
-    SHARED_KEY,
-    TOUCHED_FILES,
     FileLayout,
     RewriteResult,
     TouchProbe,
     observed,
     rewrite_map_side,
+    split_touched,
     touch_observations,
+    with_rows_per_key,
     write_frame,
     write_inserts_only,
 )
@@ -55,10 +54,7 @@ def write_map_side_one_pass(spark: SparkSession, snapshot: Snapshot, candidates:
     source row), insert the source rows whose key matched nothing. ``inserts_layout`` cuts the
     inserts' own files. Otherwise only the rewrite ran, and its files are already deleted; the
     result's ``touched`` and ``matched_key_shared`` say why."""
-    side = source
-    if probe.count_keys:
-        side = side.withColumn(ROWS_PER_KEY_COL, F.count(F.lit(1)).over(
-            Window.partitionBy(*[F.col(f"`{k}`") for k in probe.source_keys])))
+    side = with_rows_per_key(source, probe.source_keys) if probe.count_keys else source
     target = scan_with_file_ids(spark, snapshot, candidates, resolved, probe.file_ids, keep_row_index=False)
     output, src_obs, target_obs = rewrite_map_side(
         target, side, resolved,
@@ -66,13 +62,11 @@ def write_map_side_one_pass(spark: SparkSession, snapshot: Snapshot, candidates:
     written = write_frame(spark, snapshot, output, resolved, layout)
     try:
         try:
-            counts, touched, matched_keys = _observed(target_obs)
+            counts, touched, shared, matched_keys = _observed(target_obs)
         except Py4JError:  # no metrics row: Spark removed the node over an input it proved empty
             delete_written(spark, snapshot.location, written)
             return RewriteResult([], {}, frozenset(), matched_key_shared=True)  # let findTouchedFiles decide
         counts["numSourceRowsInSecondScan"] = observed(src_obs).get("rows", 0)
-        shared = SHARED_KEY in touched
-        touched.discard(SHARED_KEY)
         positions = {probe.file_ids.position(file_id) for file_id in touched}
         if shared or None in positions or len(positions) != len(candidates):
             delete_written(spark, snapshot.location, written)
@@ -102,8 +96,9 @@ def _matched_keys(resolved: ResolvedMerge, probe: TouchProbe) -> Column:
     return resolved.derive(("map-side-matched-keys", probe.source_keys), build)
 
 
-def _observed(observation: Observation) -> tuple[dict[str, int], set[int], Any]:
-    """The counts and the touched candidates' ids, converted to Python, and the matched keys
+def _observed(observation: Observation) -> tuple[dict[str, int], set[int], bool, Any]:
+    """The counts, the touched candidates' ids and whether a matched key was shared (see
+    split_touched), converted to Python, and the matched keys
     left in the JVM (a Scala sequence of rows): the metrics row is cut there, so only its small
     part is pickled. Raises Py4JError when no metrics row arrived."""
     row = observation._jo.getRow()
@@ -116,8 +111,7 @@ def _observed(observation: Observation) -> tuple[dict[str, int], set[int], Any]:
     small = jvm.org.apache.spark.sql.catalyst.expressions.GenericRowWithSchema(
         head, jvm.org.apache.spark.sql.types.StructType(schema.fields()[:keys_at]))
     values = CPickleSerializer().loads(jvm.org.apache.spark.sql.api.python.PythonSQLUtils.toPyRow(small)).asDict()
-    touched = {int(i) for i in values.pop(TOUCHED_FILES, None) or []}
-    return {k: int(v or 0) for k, v in values.items()}, touched, row.getSeq(keys_at)
+    return (*split_touched(values), row.getSeq(keys_at))
 
 
 def _key_frame(spark: SparkSession, keys: Any, source: DataFrame, key_columns: Sequence[str]) -> DataFrame:

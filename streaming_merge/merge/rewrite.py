@@ -253,14 +253,24 @@ def write_all_changes(
     # within this setting; a checkpointed source (a sink's batch) has no estimate.
     with temporary_conf(spark, {_MAX_SINGLE_PARTITION_BYTES: str(1 << 62)} if one_task else {}):
         written = write_frame(spark, snapshot, output, resolved, layout)
-    values = observed_values(out_obs)
-    touched_ids = {int(i) for i in values.pop(TOUCHED_FILES, None) or []}
-    counts = {k: int(v or 0) for k, v in values.items()}
+    counts, touched_ids, shared = split_touched(observed_values(out_obs))
     counts["numSourceRowsInSecondScan"] = observed(src_obs).get("rows", 0)
     if probe is None:
         return RewriteResult(written, counts)
-    shared = SHARED_KEY in touched_ids
-    return RewriteResult(written, counts, frozenset(touched_ids - {SHARED_KEY}), shared)
+    return RewriteResult(written, counts, frozenset(touched_ids), shared)
+
+
+def split_touched(values: dict[str, Any]) -> tuple[dict[str, int], set[int], bool]:
+    """An observation's values (see touch_observations) as counts, the touched candidates' ids,
+    and whether SHARED_KEY was among them (a matched key with two source rows)."""
+    touched = {int(i) for i in values.pop(TOUCHED_FILES, None) or []}
+    return {k: int(v or 0) for k, v in values.items()}, touched - {SHARED_KEY}, SHARED_KEY in touched
+
+
+def with_rows_per_key(source: DataFrame, key_columns: Sequence[str]) -> DataFrame:
+    """The source with ROWS_PER_KEY_COL: how many of its rows share each row's key."""
+    return source.withColumn(ROWS_PER_KEY_COL, F.count(F.lit(1)).over(
+        Window.partitionBy(*[F.col(f"`{k}`") for k in key_columns])))
 
 
 def _probed_sides(spark: SparkSession, snapshot: Snapshot, candidates: Sequence[DataFile], source: DataFrame,
@@ -280,7 +290,7 @@ def _probed_sides(spark: SparkSession, snapshot: Snapshot, candidates: Sequence[
         source = source.repartition(probe.partitions, *source_keys)
         target = target.repartition(probe.partitions, *[F.col(f"`{k}`") for k in probe.target_keys])
     if probe.count_keys:
-        source = source.withColumn(ROWS_PER_KEY_COL, F.count(F.lit(1)).over(Window.partitionBy(*source_keys)))
+        source = with_rows_per_key(source, probe.source_keys)
     return source, target
 
 
