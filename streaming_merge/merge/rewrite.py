@@ -218,12 +218,15 @@ def write_all_changes(
     src_obs, out_obs = Observation(), Observation()
     matched_only = optimize_matched_only and resolved.clauses.is_matched_only
     shuffled = not (matched_only and broadcast_source)
-    one_task = probe is not None and shuffled and probe.partitions == 1
+    one_task = shuffled and (probe.partitions == 1 if probe is not None else
+                             not snapshot.partition_columns and layout.files(task_slots(spark)) == 1)
     if probe is not None:
         source, tgt_scan = _probed_sides(spark, snapshot, files_to_rewrite, source, resolved, probe,
                                          shuffled=shuffled, one_task=one_task)
     else:
         tgt_scan = scan_files(spark, snapshot, files_to_rewrite, schema=resolved.output_schema)
+        if one_task:  # as in _probed_sides: one output file, so one partition of each side as read
+            source, tgt_scan = source.coalesce(1), tgt_scan.coalesce(1)
     if matched_only and broadcast_source:  # a right outer join can build its left side
         source = F.broadcast(source)
     src = (source.alias(resolved.source_alias).withColumn(SOURCE_PRESENT, F.lit(True))
