@@ -5,7 +5,7 @@
     python -m bench.merge_profile --target-rows 1000000 --source-rows 100000 --source parquet
     python -m bench.merge_profile --option broadcast_scan_min_bytes=0   # A/B: defaults vs these options
 
-With ``--option NAME=VALUE`` (``MergeOptions`` fields, integer values) every run is made twice, with
+With ``--option NAME=VALUE`` (``MergeOptions`` fields, integer or text values) every run is made twice, with
 the defaults and with the options, in alternating order, and a table is printed for each: an A/B
 comparison on the same data in one process.
 
@@ -56,6 +56,15 @@ class Py4jCounter:
         client.send_command = counting
 
 
+def _option_value(text: str) -> int | str:
+    """An option's value: an integer where it reads as one (sizes, counts, flags), else the
+    text (e.g. ``materialize_source=none``)."""
+    try:
+        return int(text)
+    except ValueError:
+        return text
+
+
 def _merge(spark: Any, table_path: Path, source: Any, kind: str, options: dict[str, int]) -> Any:
     from streaming_merge import DeltaTable
 
@@ -81,9 +90,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--option", action="append", default=[], metavar="NAME=VALUE",
-                        help="a MergeOptions field (integer value); compared against the defaults")
+                        help="a MergeOptions field (an integer, or text such as materialize_source=none); "
+                             "compared against the defaults")
     args = parser.parse_args(argv)
-    options = {name: int(value) for name, value in (o.split("=", 1) for o in args.option)}
+    options = {name: _option_value(value) for name, value in (o.split("=", 1) for o in args.option)}
     variants: list[tuple[str, dict[str, int]]] = [("defaults", {})]
     if options:
         variants.append((", ".join(args.option), options))
