@@ -65,7 +65,7 @@ def _option_value(text: str) -> int | str:
         return text
 
 
-def _merge(spark: Any, table_path: Path, source: Any, kind: str, options: dict[str, int]) -> Any:
+def _merge(spark: Any, table_path: Path, source: Any, kind: str, options: dict[str, int | str]) -> Any:
     from streaming_merge import DeltaTable
 
     builder = DeltaTable.forPath(spark, str(table_path)).alias("t").merge(source.alias("s"), "t.id = s.id")
@@ -94,7 +94,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                              "compared against the defaults")
     args = parser.parse_args(argv)
     options = {name: _option_value(value) for name, value in (o.split("=", 1) for o in args.option)}
-    variants: list[tuple[str, dict[str, int]]] = [("defaults", {})]
+    variants: list[tuple[str, dict[str, int | str]]] = [("defaults", {})]
     if options:
         variants.append((", ".join(args.option), options))
 

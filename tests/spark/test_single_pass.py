@@ -9,6 +9,7 @@ the shuffled one pass and the map-side one (a broadcast source and a target past
 from __future__ import annotations
 
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -224,7 +225,7 @@ def _small_table_and_source(spark: SparkSession, tmp_path: Path) -> tuple[str, l
     return path, rows
 
 
-def _stages_of_merge(spark: SparkSession, group: str, build: Any) -> tuple[list[int], Any]:
+def _stages_of_merge(spark: SparkSession, group: str, build: Callable[[], Any]) -> tuple[list[int], Any]:
     """Run ``build().execute()`` in job group ``group``; the stages of each of its jobs."""
     context = spark.sparkContext
     context.setLocalProperty("spark.jobGroup.id", group)
