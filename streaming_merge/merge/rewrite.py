@@ -176,15 +176,17 @@ class FileLayout:
 
 
 def write_frame(spark: SparkSession, snapshot: Snapshot, frame: DataFrame, resolved: ResolvedMerge,
-           layout: FileLayout, inserts: DataFrame | None = None) -> list[WrittenFile]:
-    """Write ``frame`` (and ``inserts``, rows of a plan of their own) as the layout says.
+           layout: FileLayout, inserts: DataFrame | None = None, parallelism: int | None = None
+           ) -> list[WrittenFile]:
+    """Write ``frame`` (and ``inserts``, rows of a plan of their own) as the layout says;
+    ``parallelism``: the task slots when the caller already asked Spark for them.
 
     Coalescing groups a union's partitions by count, not by size: the few rows of the inserts'
     partitions then made up a whole group while another group got most of the rewritten files
     (5M rows x 100k: tasks of 1.3 s and 3.7 s on 2 cores). So when the rewrite is spread over
     several files, it is coalesced on its own and the inserts go to one file of their own."""
     partition_columns = snapshot.partition_columns
-    parallelism = task_slots(spark)
+    parallelism = parallelism or task_slots(spark)
     files = layout.files(parallelism)
     if inserts is not None and (partition_columns or files == 1):
         frame, inserts = frame.unionByName(inserts), None
@@ -218,8 +220,10 @@ def write_all_changes(
     src_obs, out_obs = Observation(), Observation()
     matched_only = optimize_matched_only and resolved.clauses.is_matched_only
     shuffled = not (matched_only and broadcast_source)
+    # Asked for once here when the layout decides (no probe), and handed to the write.
+    slots = task_slots(spark) if probe is None and shuffled and not snapshot.partition_columns else None
     one_task = shuffled and (probe.partitions == 1 if probe is not None else
-                             not snapshot.partition_columns and layout.files(task_slots(spark)) == 1)
+                             slots is not None and layout.files(slots) == 1)
     if probe is not None:
         source, tgt_scan = _probed_sides(spark, snapshot, files_to_rewrite, source, resolved, probe,
                                          shuffled=shuffled, one_task=one_task)
@@ -255,7 +259,7 @@ def write_all_changes(
     # Sides in one partition pair without an exchange only when Spark's size estimate of each is
     # within this setting; a checkpointed source (a sink's batch) has no estimate.
     with temporary_conf(spark, {_MAX_SINGLE_PARTITION_BYTES: str(1 << 62)} if one_task else {}):
-        written = write_frame(spark, snapshot, output, resolved, layout)
+        written = write_frame(spark, snapshot, output, resolved, layout, parallelism=slots)
     counts, touched_ids, shared = split_touched(observed_values(out_obs))
     counts["numSourceRowsInSecondScan"] = observed(src_obs).get("rows", 0)
     if probe is None:
