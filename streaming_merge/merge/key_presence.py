@@ -33,7 +33,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import IntegralType, StructType
 
 from streaming_merge.merge.skipping import decoded_paths
-from streaming_merge.table.snapshot import Snapshot
+from streaming_merge.table.snapshot import DataFile, Snapshot
 
 DEFAULT_KEY_PRESENCE_MAX_FILES = 64
 _BITS = 63  # files per mask: the sign bit stays clear, so the OR is also a plain sum
@@ -123,3 +123,45 @@ def _quoted(name: str) -> str:
 def _literal(value: int) -> str:
     # A cast of the integer text, not an ``L`` suffix: the smallest long has no positive twin.
     return f"CAST({int(value)} AS BIGINT)"
+
+
+def outside_candidate_ranges(snapshot: Snapshot, candidates: Sequence[DataFile], key_pairs: Sequence[tuple[str, str]],
+                             source_schema: StructType, max_ranges: int = DEFAULT_KEY_PRESENCE_MAX_FILES
+                             ) -> Column | None:
+    """A predicate over source rows: true when the row's key lies in no candidate file's
+    [min, max] of that key (from the log), so the row matches no target row and, if a
+    NOT MATCHED clause takes it, is inserted whatever the target holds. A file skipped
+    before this point holds no row any source row can match, so only the candidates count.
+
+    Built for the first integer key pair (one key outside every range is enough); the
+    candidates' ranges are merged where they touch, so a table written in key order needs one
+    range. None when no pair is an integer on both sides, a candidate has no range for it,
+    or more than ``max_ranges`` ranges remain. A NULL key is never outside (it may match
+    through ``<=>``)."""
+    target_types = {f.name: f.dataType for f in snapshot.schema.fields}
+    source_types = {f.name: f.dataType for f in source_schema.fields}
+    stats = snapshot.stats
+    pair = next(((t, s) for t, s in key_pairs
+                 if t not in snapshot.partition_columns and isinstance(target_types.get(t), IntegralType)
+                 and isinstance(source_types.get(s), IntegralType)
+                 and f"min.{t}" in stats.column_names and f"max.{t}" in stats.column_names), None)
+    if pair is None or not candidates:
+        return None
+    target_key, source_key = pair
+    wanted = {f.path for f in candidates}
+    lows, highs = stats.column(f"min.{target_key}").to_pylist(), stats.column(f"max.{target_key}").to_pylist()
+    ranges = sorted((low, high) for path, low, high in zip(decoded_paths(stats), lows, highs, strict=True)
+                    if path in wanted)
+    if len(ranges) != len(wanted) or any(low is None or high is None for low, high in ranges):
+        return None
+    merged: list[list[int]] = []
+    for low, high in ranges:
+        if merged and low <= merged[-1][1] + 1:
+            merged[-1][1] = max(merged[-1][1], high)
+        else:
+            merged.append([low, high])
+    if len(merged) > max_ranges:
+        return None
+    key = _quoted(source_key)
+    inside = " OR ".join(f"({key} >= {_literal(low)} AND {key} <= {_literal(high)})" for low, high in merged)
+    return F.expr(f"coalesce(NOT ({inside}), false)")

@@ -26,11 +26,14 @@ from pyspark.sql import Column, DataFrame, Observation, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import StructType
 
+from streaming_merge.merge.key_presence import outside_candidate_ranges
 from streaming_merge.merge.resolve import SOURCE_PRESENT, ResolvedMerge
 from streaming_merge.merge.rewrite import (
     FileLayout,
     RewriteResult,
+    RowAggregate,
     TouchProbe,
+    inserted_rows,
     observed,
     rewrite_map_side,
     split_touched,
@@ -53,20 +56,34 @@ def write_map_side_one_pass(spark: SparkSession, snapshot: Snapshot, candidates:
     two source rows (counted on the source when ``probe.count_keys``: a key then names one
     source row), insert the source rows whose key matched nothing. ``inserts_layout`` cuts the
     inserts' own files. Otherwise only the rewrite ran, and its files are already deleted; the
-    result's ``touched`` and ``matched_key_shared`` say why."""
-    side = with_rows_per_key(source, probe.source_keys) if probe.count_keys else source
+    result's ``touched`` and ``matched_key_shared`` say why.
+
+    Source rows whose key lies outside every candidate's key range (new keys, in a CDC
+    stream) cannot match: they are inserted by the rewrite's own job and only the others are
+    broadcast. When every one of those others then matched, no insert pass is left (5M x
+    100k, every insert a new key: 4 Spark jobs -> 2)."""
+    outside = (outside_candidate_ranges(snapshot, candidates, list(zip(probe.target_keys, probe.source_keys,
+                                                                       strict=True)), source.schema)
+               if resolved.not_matched else None)
+    maybe_matched = source if outside is None else source.filter(~outside)
+    side = with_rows_per_key(maybe_matched, probe.source_keys) if probe.count_keys else maybe_matched
     target = scan_with_file_ids(spark, snapshot, candidates, resolved, probe.file_ids, keep_row_index=False)
     output, src_obs, target_obs = rewrite_map_side(
         target, side, resolved,
-        *touch_observations(resolved, probe, resolved.clauses.is_matched_only), _matched_keys(resolved, probe))
-    written = write_frame(spark, snapshot, output, resolved, layout)
+        [*touch_observations(resolved, probe, resolved.clauses.is_matched_only), _matched_keys(resolved, probe)])
+    outside_obs = Observation()
+    sure_inserts = (None if outside is None else
+                    inserted_rows(resolved, source.filter(outside), outside_obs, F.count(F.lit(1)).alias("rows")))
+    written = write_frame(spark, snapshot, output, resolved, layout, sure_inserts)
     try:
         try:
             counts, touched, shared, matched_keys = _observed(target_obs)
         except Py4JError:  # no metrics row: Spark removed the node over an input it proved empty
             delete_written(spark, snapshot.location, written)
             return RewriteResult([], {}, frozenset(), matched_key_shared=True)  # let findTouchedFiles decide
-        counts["numSourceRowsInSecondScan"] = observed(src_obs).get("rows", 0)
+        broadcast_rows = observed(src_obs).get("rows", 0)
+        outside_counts = observed(outside_obs) if outside is not None else {}
+        counts["numSourceRowsInSecondScan"] = broadcast_rows + outside_counts.get("rows", 0)
         positions = {probe.file_ids.position(file_id) for file_id in touched}
         if shared or None in positions or len(positions) != len(candidates):
             delete_written(spark, snapshot.location, written)
@@ -74,24 +91,28 @@ def write_map_side_one_pass(spark: SparkSession, snapshot: Snapshot, candidates:
         if not resolved.not_matched:
             counts["numTargetRowsInserted"] = 0
             return RewriteResult(written, counts, frozenset(touched))
-        unmatched = source.alias("u").join(
+        inserted = outside_counts.get("numTargetRowsInserted", 0)
+        if int(matched_keys.size()) == broadcast_rows:  # every row that could match did (a key names one row)
+            counts["numTargetRowsInserted"] = inserted
+            return RewriteResult(written, counts, frozenset(touched))
+        unmatched = maybe_matched.alias("u").join(
             F.broadcast(_key_frame(spark, matched_keys, source, probe.source_keys).alias("m")),
             _same_keys(probe.source_keys), "left_anti")
-        inserted = write_inserts_only(spark, snapshot, [], source, resolved, layout=inserts_layout,
-                                      source_count_metric="unmatchedSourceRows", unmatched_source=unmatched)
+        rest = write_inserts_only(spark, snapshot, [], source, resolved, layout=inserts_layout,
+                                  source_count_metric="unmatchedSourceRows", unmatched_source=unmatched)
     except BaseException:
         delete_written(spark, snapshot.location, written)
         raise
-    counts["numTargetRowsInserted"] = inserted.counts.get("numTargetRowsInserted", 0)
-    return RewriteResult(written + inserted.files, counts, frozenset(touched))
+    counts["numTargetRowsInserted"] = inserted + rest.counts.get("numTargetRowsInserted", 0)
+    return RewriteResult(written + rest.files, counts, frozenset(touched))
 
 
-def _matched_keys(resolved: ResolvedMerge, probe: TouchProbe) -> Column:
+def _matched_keys(resolved: ResolvedMerge, probe: TouchProbe) -> RowAggregate:
     """The source keys of the matched rows, as a set of structs: the observation's last
     aggregate (see _observed)."""
-    def build() -> Column:
+    def build() -> RowAggregate:
         key = F.struct(*[F.col(f"{resolved.source_alias}.`{k}`").alias(k) for k in probe.source_keys])
-        return F.collect_set(F.when(F.col(SOURCE_PRESENT).isNotNull(), key)).alias(MATCHED_KEYS)
+        return RowAggregate(MATCHED_KEYS, F.when(F.col(SOURCE_PRESENT).isNotNull(), key), F.collect_set)
 
     return resolved.derive(("map-side-matched-keys", probe.source_keys), build)
 

@@ -307,6 +307,30 @@ def test_key_presence_compares_extreme_keys_exactly(spark: SparkSession, table_p
     assert {r["id"]: r["v"] for r in rows(table_path)} == {low: 1, low + 1: 0, 0: 0, 1: 0, high - 1: 0, high: 1}
 
 
+def test_keys_outside_every_candidates_range_are_told_apart_exactly(spark: SparkSession, table_path: str) -> None:
+    """The map-side pass inserts the source rows whose key is outside every candidate's range
+    in its own job: ranges that touch are merged into one, a gap between ranges is outside,
+    the extreme longs compare exactly and a NULL key is never outside. Keys other than integers,
+    and more ranges than the bound, give no predicate."""
+    from streaming_merge.merge.key_presence import outside_candidate_ranges
+    from streaming_merge.table.location import resolve
+    from streaming_merge.table.snapshot import load_snapshot
+
+    low, high = -(2 ** 63), 2 ** 63 - 1
+    for ids in ([low, 99], [100, 199], [300, high - 1]):  # one file each: [low, 199] and [300, high - 1]
+        deltalake.write_deltalake(table_path, pa.table({"id": pa.array(ids, pa.int64())}), mode="append")
+    snapshot = load_snapshot(resolve(table_path))
+    keys = spark.createDataFrame([(k,) for k in (low, 0, 199, 200, 299, 300, high - 1, high, None)], "k long")
+    outside = outside_candidate_ranges(snapshot, snapshot.files, [("id", "k")], keys.schema)
+    assert outside is not None and str(outside).count(" OR ") == 1  # two ranges, not three
+    assert [(r["k"], r["outside"]) for r in keys.select("k", outside.alias("outside")).collect()] == [
+        (low, False), (0, False), (199, False), (200, True), (299, True), (300, False), (high - 1, False),
+        (high, True), (None, False)]
+    assert outside_candidate_ranges(snapshot, snapshot.files, [("id", "k")], keys.schema, max_ranges=1) is None
+    strings = spark.createDataFrame([("a",)], "k string")
+    assert outside_candidate_ranges(snapshot, snapshot.files, [("id", "k")], strings.schema) is None
+
+
 def test_matched_only_merge_rewrites_only_files_whose_matches_satisfy_a_clause(spark: SparkSession,
                                                                               table_path: str) -> None:
     df = spark.range(0, 40, numPartitions=4).select(F.col("id"), F.lit(0).alias("v"))

@@ -30,10 +30,11 @@ PHYSICAL_METRICS = {"executionTimeMs", "scanTimeMs", "rewriteTimeMs", "numTarget
 # the rewrite is spread over several files and Delta's two passes do the same).
 MAP_SIDE_PHYSICAL_METRICS = PHYSICAL_METRICS | {"numTargetFilesAdded"}
 PASSES = {"shuffled": {}, "map-side": {"broadcast_scan_min_bytes": 0}}
-# Spark jobs of a conclusive pass: materialize and the pass; map-side also the source's rows
-# per key (a shuffle, its own job under adaptive execution: the source's keys are not known
-# unique here), the source's broadcast and the inserts' write.
-CONCLUSIVE_JOBS = {"shuffled": 2, "map-side": 5}
+# Spark jobs of a conclusive pass: materialize and the pass; map-side also the source's
+# broadcast (its rows per key counted on the way, the source's keys not being known unique
+# here). The map-side pass writes the inserts of keys outside every candidate's range in its
+# own job; only a new key inside a range needs an insert job after it.
+CONCLUSIVE_JOBS = {"shuffled": 2, "map-side": 3}
 
 
 @pytest.fixture(params=list(PASSES))
@@ -175,6 +176,24 @@ def test_duplicate_keys_among_inserts_only_stay_one_pass(
     assert [r["status"] for r in rows_by_id(even_ids) if r["id"] == 5001] == ["a", "b"]
 
 
+def test_new_keys_inside_a_candidates_range_are_inserted_after_the_map_side_pass(
+        spark: SparkSession, even_ids: str, tmp_path: Path) -> None:
+    """Odd ids inside the files' ranges may have matched as far as the pass knows before it
+    runs: the pass writes the inserts of keys outside every range (5001..) in its own job, and
+    the inserts' write after it adds those it saw match nothing, each once (a duplicate new
+    key inside a range inserts both rows, as Delta does)."""
+    rows = ([(i, 1_000_000 + i, "new") for i in range(0, 4000, 100)] + [(i, 7, "out") for i in range(5001, 5011)]
+            + [(i, 8, "in") for i in range(1001, 1100, 20)] + [(2001, 9, "twice"), (2001, 10, "twice")])
+    metrics, jobs, phases = both_ways(spark, even_ids, tmp_path, rows, one_pass="map-side")
+    # The inserts after the pass: the matched keys' broadcast, then the write.
+    assert phases.get("findTouchedFiles", 0) == 0 and jobs == CONCLUSIVE_JOBS["map-side"] + 2
+    assert (metrics["numTargetRowsUpdated"], metrics["numTargetRowsInserted"], metrics["numSourceRows"],
+            metrics["numSourceRowsInSecondScan"]) == (40, 17, 57, 57)
+    table = rows_by_id(even_ids)
+    assert len(table) == 2017 and [r["amount"] for r in table if r["id"] == 2001] == [9, 10]
+    assert {r["id"] for r in table if r["status"] in ("out", "in")} == {*range(5001, 5011), *range(1001, 1100, 20)}
+
+
 def test_two_source_rows_matching_one_target_row_fail_as_delta_does_and_leave_no_files(
         spark: SparkSession, even_ids: str, tmp_path: Path) -> None:
     before, files_before = rows_by_id(even_ids), parquet_files(even_ids)
@@ -206,7 +225,10 @@ def test_a_failed_insert_write_after_the_map_side_pass_leaves_nothing_behind(
     monkeypatch.setattr(map_side_pass, "write_inserts_only", failing_write)
     before, files_before = rows_by_id(even_ids), parquet_files(even_ids)
     version = deltalake.DeltaTable(even_ids).version()
-    rows = [(i, 1_000_000 + i, "new") for i in range(0, 4000, 100)] + [(i, 7, "ins") for i in range(5001, 5011)]
+    # New keys outside every file's range are written by the pass itself; 1001 is a new key
+    # inside a range, which only the inserts' write after the pass can tell unmatched.
+    rows = ([(i, 1_000_000 + i, "new") for i in range(0, 4000, 100)] + [(i, 7, "ins") for i in range(5001, 5011)]
+            + [(1001, 7, "ins")])
     with pytest.raises(RuntimeError, match="the inserts' write failed"):
         run_merge(spark, even_ids, tmp_path / "src", rows, "update insert", **PASSES["map-side"])
     assert deltalake.DeltaTable(even_ids).version() == version
