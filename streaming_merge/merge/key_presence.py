@@ -89,14 +89,8 @@ def key_presence_probe(snapshot: Snapshot, key_pairs: Sequence[tuple[str, str]],
     """The probe for ``key_pairs`` (target column, source column) of a key-equality ON
     condition, or None when no pair is an integer on both sides, or the table has fewer than
     two files or more than ``max_files``."""
-    target_types = {f.name: f.dataType for f in snapshot.schema.fields}
-    source_types = {f.name: f.dataType for f in source_schema.fields}
-    partition_columns = set(snapshot.partition_columns)
     stats = snapshot.stats
-    usable = [(t, s) for t, s in key_pairs
-              if t not in partition_columns and isinstance(target_types.get(t), IntegralType)
-              and isinstance(source_types.get(s), IntegralType)
-              and f"min.{t}" in stats.column_names and f"max.{t}" in stats.column_names]
+    usable = _integer_pairs_with_ranges(snapshot, key_pairs, source_schema)
     if not usable or not 2 <= stats.num_rows <= max_files:
         return None
     bounds = [(s, stats.column(f"min.{t}").to_pylist(), stats.column(f"max.{t}").to_pylist()) for t, s in usable]
@@ -114,6 +108,18 @@ def key_presence_probe(snapshot: Snapshot, key_pairs: Sequence[tuple[str, str]],
                              for bit, condition in enumerate(conditions) if bit // _BITS == chunk)
                   for chunk in range(-(-len(conditions) // _BITS)))
     return KeyPresenceProbe(tuple(paths), masks)
+
+
+def _integer_pairs_with_ranges(snapshot: Snapshot, key_pairs: Sequence[tuple[str, str]], source_schema: StructType
+                               ) -> list[tuple[str, str]]:
+    """The (target, source) key pairs that are integers on both sides and whose target column
+    has per-file ranges in the log (a partition column has none)."""
+    target_types = {f.name: f.dataType for f in snapshot.schema.fields}
+    source_types = {f.name: f.dataType for f in source_schema.fields}
+    columns = set(snapshot.stats.column_names)
+    return [(t, s) for t, s in key_pairs
+            if t not in snapshot.partition_columns and isinstance(target_types.get(t), IntegralType)
+            and isinstance(source_types.get(s), IntegralType) and {f"min.{t}", f"max.{t}"} <= columns]
 
 
 def _quoted(name: str) -> str:
@@ -138,16 +144,11 @@ def outside_candidate_ranges(snapshot: Snapshot, candidates: Sequence[DataFile],
     range. None when no pair is an integer on both sides, a candidate has no range for it,
     or more than ``max_ranges`` ranges remain. A NULL key is never outside (it may match
     through ``<=>``)."""
-    target_types = {f.name: f.dataType for f in snapshot.schema.fields}
-    source_types = {f.name: f.dataType for f in source_schema.fields}
-    stats = snapshot.stats
-    pair = next(((t, s) for t, s in key_pairs
-                 if t not in snapshot.partition_columns and isinstance(target_types.get(t), IntegralType)
-                 and isinstance(source_types.get(s), IntegralType)
-                 and f"min.{t}" in stats.column_names and f"max.{t}" in stats.column_names), None)
-    if pair is None or not candidates:
+    usable = _integer_pairs_with_ranges(snapshot, key_pairs, source_schema)
+    if not usable or not candidates:
         return None
-    target_key, source_key = pair
+    target_key, source_key = usable[0]
+    stats = snapshot.stats
     wanted = {f.path for f in candidates}
     lows, highs = stats.column(f"min.{target_key}").to_pylist(), stats.column(f"max.{target_key}").to_pylist()
     ranges = sorted((low, high) for path, low, high in zip(decoded_paths(stats), lows, highs, strict=True)

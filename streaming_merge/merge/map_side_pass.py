@@ -61,7 +61,7 @@ def write_map_side_one_pass(spark: SparkSession, snapshot: Snapshot, candidates:
     Source rows whose key lies outside every candidate's key range (new keys, in a CDC
     stream) cannot match: they are inserted by the rewrite's own job and only the others are
     broadcast. When every one of those others then matched, no insert pass is left (5M x
-    100k, every insert a new key: 4 Spark jobs -> 2)."""
+    100k, every insert a new key: the pass's Spark jobs 4 -> 2)."""
     outside = (outside_candidate_ranges(snapshot, candidates, list(zip(probe.target_keys, probe.source_keys,
                                                                        strict=True)), source.schema)
                if resolved.not_matched else None)
