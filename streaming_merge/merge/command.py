@@ -571,7 +571,7 @@ def _single_pass_probe(spark: SparkSession, snapshot: Snapshot, options: MergeOp
         file_ids=FileIds.of(spark, snapshot, candidates),
         target_keys=tuple(t for t, _ in pairs),
         source_keys=tuple(s for _, s in pairs),
-        count_keys=not _single_match(snapshot, source, stats, pairs),
+        count_keys=_count_keys(snapshot, source, stats, pairs, candidates),
         # Unpartitioned: as many join tasks as output files (coalescing 3 join partitions into 2
         # files left one core with twice the rows of the other).
         partitions=(join_partitions(spark, candidate_bytes) if snapshot.partition_columns
@@ -585,8 +585,8 @@ def _map_side_probe(spark: SparkSession, snapshot: Snapshot, options: MergeOptio
     """What the map-side one pass (streaming_merge.merge.map_side_pass) observes, or None where
     it does not apply: only where the shuffled one pass declines a broadcast source for a large
     target (an unpartitioned one: the inserts get files of their own, which would add a file
-    per partition value). Without known unique source keys, the source's rows per key are
-    counted: a matched key with two rows sends the MERGE to findTouchedFiles."""
+    per partition value). A target row joined twice sends the MERGE to findTouchedFiles (see
+    _count_keys)."""
     if (not broadcast or snapshot.partition_columns
             or (options.optimize_matched_only and resolved.clauses.is_matched_only)
             or not _one_pass_applies(snapshot, options, resolved, source, stats, pairs, candidates)
@@ -594,7 +594,7 @@ def _map_side_probe(spark: SparkSession, snapshot: Snapshot, options: MergeOptio
         return None
     return TouchProbe(file_ids=FileIds.of(spark, snapshot, candidates), target_keys=tuple(t for t, _ in pairs),
                       source_keys=tuple(s for _, s in pairs),
-                      count_keys=not _single_match(snapshot, source, stats, pairs), partitions=0)
+                      count_keys=_count_keys(snapshot, source, stats, pairs, candidates), partitions=0)
 
 
 def _map_side_single_pass(spark: SparkSession, snapshot: Snapshot, candidates: list[DataFile], source: DataFrame,
@@ -678,6 +678,16 @@ def _settled(spark: SparkSession, snapshot: Snapshot, candidates: list[DataFile]
     log.info("MERGE into %s: %d of %d candidate files touched; rewriting those", snapshot.location,
              len(touched), len(candidates))
     return None, [candidates[i] for i in touched]
+
+
+def _count_keys(snapshot: Snapshot, source: DataFrame, stats: SourceStats, pairs: list[tuple[str, str]],
+                candidates: Sequence[DataFile]) -> bool:
+    """Whether a one pass counts the source's rows per key to tell a target row joined twice
+    (TouchProbe.count_keys): only where the source's keys are not known unique and a candidate
+    has no record count in the log, which the joined rows are otherwise compared with (a sort
+    and a window over the source saved; map-side, a shuffle of it before the broadcast)."""
+    return (any(f.num_records is None for f in candidates)
+            and not _single_match(snapshot, source, stats, pairs))
 
 
 def _single_match(snapshot: Snapshot, source: DataFrame, stats: SourceStats,

@@ -34,6 +34,7 @@ from streaming_merge.merge.rewrite import (
     RowAggregate,
     TouchProbe,
     inserted_rows,
+    joined_twice,
     observed,
     rewrite_map_side,
     split_touched,
@@ -56,7 +57,8 @@ def write_map_side_one_pass(spark: SparkSession, snapshot: Snapshot, candidates:
     two source rows (counted on the source when ``probe.count_keys``: a key then names one
     source row), insert the source rows whose key matched nothing. ``inserts_layout`` cuts the
     inserts' own files. Otherwise only the rewrite ran, and its files are already deleted; the
-    result's ``touched`` and ``matched_key_shared`` say why.
+    result's ``touched`` and ``matched_key_shared`` say why (a target row joined twice, see
+    rewrite.joined_twice, is reported as a shared key).
 
     Source rows whose key lies outside every candidate's key range (new keys, in a CDC
     stream) cannot match: they are inserted by the rewrite's own job and only the others are
@@ -84,6 +86,7 @@ def write_map_side_one_pass(spark: SparkSession, snapshot: Snapshot, candidates:
         broadcast_rows = observed(src_obs).get("rows", 0)
         outside_counts = observed(outside_obs) if outside is not None else {}
         counts["numSourceRowsInSecondScan"] = broadcast_rows + outside_counts.get("rows", 0)
+        shared = shared or joined_twice(counts, candidates)
         positions = {probe.file_ids.position(file_id) for file_id in touched}
         if shared or None in positions or len(positions) != len(candidates):
             delete_written(spark, snapshot.location, written)

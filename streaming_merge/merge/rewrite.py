@@ -63,11 +63,14 @@ class TouchProbe:
     stand in for findTouchedFiles: which candidates hold a matched row the clauses act on, and
     whether a target row could have matched two source rows.
 
-    The second is read from the source side: two source rows that match one target row through
-    ``t.k = s.k`` equalities of same-typed columns share their key, so when every matched pair's
-    key has one source row, no target row matched twice. With ``count_keys`` the source's rows
-    per key are counted (a window on the source, hash-partitioned on the keys as the join needs
-    it anyway); without, the caller knows the source's keys are unique."""
+    The second is read from the rows joined: every candidate's record count is in the log, so
+    a target row joined twice shows as more joined target rows than records (joined_twice).
+    Where a candidate has no record count, it is read from the source side instead
+    (``count_keys``): two source rows that match one target row through ``t.k = s.k``
+    equalities of same-typed columns share their key, so when every matched pair's key has one
+    source row, no target row matched twice; the source's rows per key are then counted (a
+    window on the source, hash-partitioned on the keys as the join needs it anyway). Neither is
+    needed when the source's keys are known unique."""
 
     # How the candidates' rows name their file (RewriteResult.touched holds these ids).
     file_ids: FileIds
@@ -141,17 +144,18 @@ def codes_of(clauses: Sequence[ResolvedClause], delete: bool) -> list[int]:
     return [c.code for c in clauses if c.clause.is_delete == delete]
 
 
+# What happened to target rows; a joined target row gets exactly one of these (or is dropped
+# unmatched by a full outer join's source side, which has no target row).
+TARGET_ROW_COUNTS = ("numTargetRowsCopied", "numTargetRowsMatchedUpdated", "numTargetRowsMatchedDeleted",
+                     "numTargetRowsNotMatchedBySourceUpdated", "numTargetRowsNotMatchedBySourceDeleted")
+
+
 def target_row_counts(resolved: ResolvedMerge) -> list[Column]:
-    """The metrics of what happened to target rows (copied, updated, deleted), by action code."""
-    return [
-        _count(resolved, [COPY], "numTargetRowsCopied"),
-        _count(resolved, codes_of(resolved.matched, delete=False), "numTargetRowsMatchedUpdated"),
-        _count(resolved, codes_of(resolved.matched, delete=True), "numTargetRowsMatchedDeleted"),
-        _count(resolved, codes_of(resolved.not_matched_by_source, delete=False),
-               "numTargetRowsNotMatchedBySourceUpdated"),
-        _count(resolved, codes_of(resolved.not_matched_by_source, delete=True),
-               "numTargetRowsNotMatchedBySourceDeleted"),
-    ]
+    """The metrics of what happened to target rows (TARGET_ROW_COUNTS), by action code."""
+    codes = ([COPY], codes_of(resolved.matched, delete=False), codes_of(resolved.matched, delete=True),
+             codes_of(resolved.not_matched_by_source, delete=False),
+             codes_of(resolved.not_matched_by_source, delete=True))
+    return [_count(resolved, c, name) for c, name in zip(codes, TARGET_ROW_COUNTS, strict=True)]
 
 
 @dataclass(frozen=True)
@@ -305,7 +309,7 @@ def write_all_changes(
     counts["numSourceRowsInSecondScan"] = observed(src_obs).get("rows", 0)
     if probe is None:
         return RewriteResult(written, counts)
-    return RewriteResult(written, counts, frozenset(touched_ids), shared)
+    return RewriteResult(written, counts, frozenset(touched_ids), shared or joined_twice(counts, files_to_rewrite))
 
 
 def split_touched(values: dict[str, Any]) -> tuple[dict[str, int], set[int], bool]:
@@ -313,6 +317,18 @@ def split_touched(values: dict[str, Any]) -> tuple[dict[str, int], set[int], boo
     and whether SHARED_KEY was among them (a matched key with two source rows)."""
     touched = {int(i) for i in values.pop(TOUCHED_FILES, None) or []}
     return {k: int(v or 0) for k, v in values.items()}, touched - {SHARED_KEY}, SHARED_KEY in touched
+
+
+def joined_twice(counts: dict[str, int], candidates: Sequence[DataFile]) -> bool:
+    """Whether a one pass joined more target rows than its candidates hold (the log's record
+    counts; False where a candidate has none, and the source's rows per key are counted
+    instead, TouchProbe.count_keys): each joined target row is counted once under
+    TARGET_ROW_COUNTS per source row it joined, so more rows means a target row matched two
+    source rows, which findTouchedFiles then judges."""
+    records = [f.num_records for f in candidates]
+    if any(n is None for n in records):
+        return False
+    return sum(counts.get(name, 0) for name in TARGET_ROW_COUNTS) != sum(n for n in records if n is not None)
 
 
 def with_rows_per_key(source: DataFrame, key_columns: Sequence[str]) -> DataFrame:
