@@ -151,8 +151,9 @@ def outside_candidate_ranges(snapshot: Snapshot, candidates: Sequence[DataFile],
     stats = snapshot.stats
     wanted = {f.path for f in candidates}
     lows, highs = stats.column(f"min.{target_key}").to_pylist(), stats.column(f"max.{target_key}").to_pylist()
-    ranges = sorted((low, high) for path, low, high in zip(decoded_paths(stats), lows, highs, strict=True)
-                    if path in wanted)
+    # snapshot.files holds the stats' rows in order, their paths already decoded once.
+    ranges = sorted((low, high) for file, low, high in zip(snapshot.files, lows, highs, strict=True)
+                    if file.path in wanted)
     if len(ranges) != len(wanted) or any(low is None or high is None for low, high in ranges):
         return None
     merged: list[list[int]] = []
