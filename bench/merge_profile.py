@@ -78,6 +78,13 @@ def _merge(spark: Any, table_path: Path, source: Any, kind: str, options: dict[s
     return builder.execute()
 
 
+def _codegen_compilations(spark: Any) -> int:
+    """Janino compilations so far in the driver: a warm MERGE whose generated code differs from run to
+    run (a literal inlined into the code) pays for compiling it again each time."""
+    metrics = spark.sparkContext._jvm.org.apache.spark.metrics.source.CodegenMetrics
+    return int(metrics.METRIC_COMPILATION_TIME().getCount())
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--target-rows", type=int, default=100_000)
@@ -125,6 +132,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 source = (spark.read.parquet(str(source_dir)) if args.source == "parquet"
                           else spark.createDataFrame(batch))
                 calls_before = counter.calls
+                compiles_before = _codegen_compilations(spark)
                 cpu_before = jvm_cpu.thread_cpu_seconds(pid) if measure_cpu else None
                 with profiling() as profile, phase(spark, "(outside phases)"):
                     started = time.perf_counter()
@@ -135,6 +143,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                     results[name].append({"total": total_ms, "jobs": profile.jobs, "loads": profile.log_loads,
                                           "cpu": cpu,
                                           "updates": profile.log_updates, "py4j": counter.calls - calls_before,
+                                          "compiles": _codegen_compilations(spark) - compiles_before,
                                           "phases": {p.name: p for p in profile.phases.values()},
                                           "metrics": metrics})
                 shutil.rmtree(run_dir)
@@ -168,6 +177,7 @@ def _report(args: argparse.Namespace, rows: list[dict[str, Any]]) -> None:
     totals = ", ".join(f"{r['total']:.0f}" for r in rows)
     print(f"py4j calls per MERGE: {statistics.median(r['py4j'] for r in rows):.0f}; "
           f"log updates (commits read after the snapshot): {max(r['updates'] for r in rows)}; "
+          f"codegen compilations per MERGE: {statistics.median(r['compiles'] for r in rows):.0f}; "
           f"all runs' totals (ms): {totals}")
     if all(r["cpu"] for r in rows):
         groups = ", ".join(f"{g} {statistics.median(r['cpu'][g] for r in rows):.0f}" for g in jvm_cpu.GROUP_NAMES)

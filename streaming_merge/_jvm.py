@@ -9,10 +9,62 @@ called (a constructor call is then one round trip).
 
 from __future__ import annotations
 
-from py4j.java_gateway import JavaClass
+from typing import Any
+
+from py4j.java_gateway import JavaClass, JavaMember
 from pyspark.sql import SparkSession
 
 
 def jvm_class(spark: SparkSession, name: str) -> JavaClass:
     """The JVM class ``name`` (fully qualified) of ``spark``'s gateway."""
     return JavaClass(name, spark.sparkContext._gateway._gateway_client)
+
+
+# The classes PySpark itself looks up by name on every use: each Column function
+# (``org.apache.spark.sql.functions``, then its method), each list of columns
+# (``PythonUtils``, a bare name: first searched as a class in every jar, then under the
+# gateway's imports), each observation. A 1k-row MERGE makes ~100 such lookups.
+_PYSPARK_LOOKUPS = (
+    "org.apache.spark.sql.functions",
+    "functions",
+    "PythonUtils",
+    "org.apache.spark.sql.Observation",
+    "org.apache.spark.sql.api.python.PythonSQLUtils",
+    "org.apache.spark.storage.StorageLevel",
+    "org.apache.spark.sql.classic.SparkSession",
+)
+
+
+_REMEMBERED = "_streaming_merge_remembered_"
+
+
+class _RememberingClass(JavaClass):
+    """A JVM class that asks the JVM what a member name is once, not on every access.
+
+    Only methods are remembered: a static field's value may change, so it is read again."""
+
+    def __getattr__(self, name: str) -> Any:
+        member = super().__getattr__(name)
+        if isinstance(member, JavaMember):
+            self.__dict__[name] = member
+        return member
+
+
+def remember_pyspark_lookups(spark: SparkSession) -> None:
+    """Let the session's JVM view answer PySpark's own class lookups from Python.
+
+    PySpark's JVM view (py4j's ``JVMView``) sends every ``getattr(jvm, name)`` to the JVM,
+    and a class's method names likewise; the answers never change while the JVM lives. Each
+    name is looked up once the usual way (so it names the same class, imports included) and
+    kept on the view, with its methods remembered as they are first used. The view belongs to
+    the SparkContext, so a new context starts without them. Idempotent and cheap to repeat.
+    """
+    view = spark.sparkContext._jvm
+    if view is None or _REMEMBERED in vars(view):
+        return
+    client = spark.sparkContext._gateway._gateway_client
+    for name in _PYSPARK_LOOKUPS:
+        found = getattr(view, name)
+        if isinstance(found, JavaClass):
+            vars(view)[name] = _RememberingClass(found._fqn, client)
+    vars(view)[_REMEMBERED] = True

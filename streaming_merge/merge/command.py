@@ -31,6 +31,7 @@ from pyspark.sql.types import (
 )
 
 from streaming_merge._interpreted import DEFAULT_INTERPRETED_MAX_ROWS, interpreted_if_small, rows_of
+from streaming_merge._jvm import remember_pyspark_lookups
 from streaming_merge._profile import phase
 from streaming_merge._slots import task_slots
 from streaming_merge._spark_conf import temporary_conf
@@ -242,6 +243,7 @@ def _millis_since(start: float) -> int:
 
 def run_merge(spark: SparkSession, request: MergeRequest) -> MergeMetrics:
     """Run the MERGE, rerunning it when a materialized source or checkpoint lost blocks."""
+    remember_pyspark_lookups(spark)
     clauses = ClauseSet.of(request.clauses)
     clauses.validate()
     options = request.options

@@ -23,6 +23,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import StructType
 
 from streaming_merge._interpreted import interpreted_if_small, rows_of
+from streaming_merge._jvm import remember_pyspark_lookups
 from streaming_merge._slots import task_slots
 from streaming_merge.delta_table import DeltaTable
 from streaming_merge.errors import (
@@ -263,6 +264,7 @@ class MergeSink:
         materialization, which counts the rows, can run interpreted."""
         started = time.monotonic()
         spark = batch_df.sparkSession
+        remember_pyspark_lookups(spark)
         self._bind(spark)
         app_id = self._resolve_app_id(spark)
         for attempt in range(1, self._max_attempts + 1):
