@@ -14,10 +14,14 @@ from typing import Any
 from py4j.java_gateway import JavaClass, JavaMember
 from pyspark.sql import SparkSession
 
+from streaming_merge._per_context import PerContext
+
 
 def jvm_class(spark: SparkSession, name: str) -> JavaClass:
-    """The JVM class ``name`` (fully qualified) of ``spark``'s gateway."""
-    return JavaClass(name, spark.sparkContext._gateway._gateway_client)
+    """The JVM class ``name`` (fully qualified) of ``spark``'s gateway, the same proxy on every
+    call so that its methods are looked up once (see _RememberingClass)."""
+    context = spark.sparkContext
+    return _classes.get(context, name, lambda: _RememberingClass(name, context._gateway._gateway_client))
 
 
 # The classes PySpark itself looks up by name on every use: each Column function
@@ -48,6 +52,9 @@ class _RememberingClass(JavaClass):
         if isinstance(member, JavaMember):
             self.__dict__[name] = member
         return member
+
+
+_classes: PerContext[JavaClass] = PerContext(limit=256)
 
 
 def remember_pyspark_lookups(spark: SparkSession) -> None:

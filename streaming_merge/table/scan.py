@@ -20,6 +20,7 @@ from pyspark.sql.types import StructType
 from streaming_merge._jvm import jvm_class
 from streaming_merge._slots import task_slots
 from streaming_merge._spark_conf import temporary_conf
+from streaming_merge.table.file_relation import files_relation
 from streaming_merge.table.location import TableRef, resolve
 from streaming_merge.table.schema import data_columns
 from streaming_merge.table.snapshot import DataFile, Snapshot
@@ -85,11 +86,7 @@ def scan_files(
 
     file_schema = data_columns(table_schema, partition_columns)
     paths = [snapshot.absolute_path(f.path) for f in files]
-    # The marker tells the MERGE that this read is pinned to immutable files of one version
-    # (streaming_merge.merge.materialize.is_stable), so it need not be materialized.
-    with temporary_conf(spark, _listing_conf(spark, snapshot, len(paths))):
-        reader = spark.read.schema(file_schema).option(PINNED_SCAN_OPTION, "true")
-        data = DataFrame(reader._jreader.parquet(_java_strings(spark, paths)), spark)
+    data = _read_parquet(spark, snapshot, paths, file_schema)
     size = [F.col("_metadata.file_size").alias(FILE_SIZE_COL)] if with_file_size else []
     if not with_row_id and not partition_columns:  # no per-row file metadata to build
         # The read's columns are the table's, in its order, already: a select naming each one
@@ -111,6 +108,24 @@ def scan_files(
     if with_file_size:
         ordered.append(F.col(FILE_SIZE_COL))
     return data.select(*ordered)
+
+
+def _read_parquet(spark: SparkSession, snapshot: Snapshot, paths: list[str], file_schema: StructType) -> DataFrame:
+    """The files read as Parquet with ``file_schema``. Local files go straight into a file
+    index (streaming_merge.table.file_relation: no existence checks, listing or partition
+    inference of paths the log names); files on other stores, or a Spark whose internals
+    differ, through ``spark.read``, which lists them as the store needs (see _listing_conf).
+
+    The marker option tells the MERGE that this read is pinned to immutable files of one
+    version (streaming_merge.merge.materialize.is_stable), so it need not be materialized."""
+    java_paths = _java_strings(spark, paths)
+    if all(p.startswith("file:") for p in paths):
+        data = files_relation(spark, snapshot.location.uri, java_paths, file_schema, {PINNED_SCAN_OPTION: "true"})
+        if data is not None:
+            return data
+    with temporary_conf(spark, _listing_conf(spark, snapshot, len(paths))):
+        reader = spark.read.schema(file_schema).option(PINNED_SCAN_OPTION, "true")
+        return DataFrame(reader._jreader.parquet(java_paths), spark)
 
 
 # Never in a path: POSIX forbids it in file names, Hadoop paths and object keys in practice.

@@ -315,6 +315,84 @@ def test_a_scan_of_many_files_lists_them_without_a_spark_job(spark: SparkSession
     assert sorted(r["id"] for r in scan.collect()) == list(range(40))
 
 
+def _partitioned_local_table(path: str) -> None:
+    """Three files in Hive-style folders (``p=a/...``): names Spark would infer a column from."""
+    for p, ids in (("a", [1, 2, 3]), ("b", [4, 5]), ("a", [6])):
+        deltalake.write_deltalake(path, pa.table({"id": pa.array(ids, pa.int64()), "p": [p] * len(ids)}),
+                                  mode="append", partition_by=["p"])
+
+
+def _file_index_of(scan: DataFrame) -> Any:
+    leaves = scan._jdf.queryExecution().analyzed().collectLeaves()
+    return leaves.apply(0).relation()
+
+
+def test_a_local_scan_reads_exactly_the_logs_files_without_sparks_path_checks(
+        spark: SparkSession, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Local files go straight into a file index of the log's files (no existence check,
+    listing or partition inference per path: 20 files 22.6 -> 6.7 ms here): the same rows,
+    file paths and row indexes as Spark's reader gives, partition folders not read as columns,
+    the scan still marked as pinned to its version."""
+    from streaming_merge.merge.materialize import is_stable
+    from streaming_merge.table import file_relation
+
+    path = str(tmp_path / "local")
+    _partitioned_local_table(path)
+    snapshot = load_snapshot(path)
+    direct = scan_files(spark, snapshot, snapshot.files, with_row_id=True)
+    relation = _file_index_of(direct)
+    assert relation.location().getClass().getSimpleName() == "InMemoryFileIndex"
+    assert str(relation.options().get("recursiveFileLookup")) == "Some(true)"
+    assert is_stable(direct)
+
+    monkeypatch.setattr(file_relation, "_unavailable_in", [spark.sparkContext])  # as on another Spark
+    read = scan_files(spark, snapshot, snapshot.files, with_row_id=True)
+    assert str(_file_index_of(read).options().get("recursiveFileLookup")) == "None"
+    columns = ["id", "p", FILE_PATH_COL, ROW_INDEX_COL]
+    assert direct.columns == read.columns == columns
+    rows = sorted(tuple(r) for r in direct.collect())
+    assert rows == sorted(tuple(r) for r in read.collect())
+    assert sorted((r[0], r[1]) for r in rows) == [(1, "a"), (2, "a"), (3, "a"), (4, "b"), (5, "b"), (6, "a")]
+    assert {r[2] for r in rows} == set(spark_file_paths(spark, path, snapshot.files))
+
+
+def test_where_sparks_file_index_differs_scans_go_back_to_the_reader_for_good(
+        spark: SparkSession, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The file index is built from Spark internals: where they do not fit (simulated by a
+    missing package), the scan is read through ``spark.read`` and later scans skip the attempt."""
+    from streaming_merge.table import file_relation
+
+    path = str(tmp_path / "other_spark")
+    _partitioned_local_table(path)
+    snapshot = load_snapshot(path)
+    monkeypatch.setattr(file_relation, "_DATASOURCES", "org.example.not.spark")
+    monkeypatch.setattr(file_relation, "_unavailable_in", [])
+    monkeypatch.setattr(file_relation, "_constants", file_relation.PerContext(limit=1))
+    first = scan_files(spark, snapshot, snapshot.files)
+    assert file_relation._unavailable_in == [spark.sparkContext]
+    assert sorted(r["id"] for r in first.collect()) == [1, 2, 3, 4, 5, 6]
+    assert file_relation.files_relation(spark, "file:/nowhere", None, snapshot.schema, {}) is None
+
+
+def test_a_data_file_deleted_behind_the_logs_back_is_named_and_the_merge_changes_nothing(
+        spark: SparkSession, tmp_path: Path) -> None:
+    from streaming_merge import DeltaTable
+
+    path = str(tmp_path / "damaged")
+    _partitioned_local_table(path)
+    snapshot = load_snapshot(path)
+    victim = next(f.path for f in snapshot.files if f.path.startswith("p=b/"))
+    os.remove(os.path.join(path, victim))
+    with pytest.raises(DeltaTableError, match="A data file of the table is missing: .*" + victim.split("/")[-1]):
+        scan_files(spark, snapshot, snapshot.files)
+    source = spark.createDataFrame([(4, "b"), (9, "b")], "id long, p string")
+    with pytest.raises(DeltaTableError, match="missing"):
+        (DeltaTable.forPath(spark, path).alias("t").merge(source.alias("s"), "t.id = s.id")
+         .whenMatchedUpdateAll().whenNotMatchedInsertAll().execute())
+    assert deltalake.DeltaTable(path).version() == snapshot.version
+    assert sorted(os.listdir(path)) == ["_delta_log", "p=a", "p=b"]
+
+
 def test_a_remote_store_keeps_sparks_listing_job_with_a_task_per_slot(spark: SparkSession) -> None:
     """No remote store here to read from: what the scan asks Spark for, per location and count."""
     from types import SimpleNamespace
