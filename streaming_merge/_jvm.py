@@ -4,7 +4,8 @@
 segment that is not a class (``org``, ``org.apache``, ...) is first looked for as a class in
 each jar of the driver's class path and under each of the gateway's imports: about 1 ms per
 name here, paid on every use. A proxy made from the full name costs nothing until it is
-called (a constructor call is then one round trip).
+called (a constructor call is then one round trip), and it keeps the methods it was asked
+for, which py4j would otherwise look up in the JVM on every call.
 """
 
 from __future__ import annotations

@@ -45,8 +45,8 @@ def files_relation(spark: SparkSession, root: str, paths: Any, schema: StructTyp
     context = spark.sparkContext
     if any(c is context for c in _unavailable_in):
         return None
+    statuses = _statuses(spark, paths)  # its errors are the store's, not a version mismatch
     try:
-        statuses = _statuses(spark, paths)
         empty_option, file_format, no_partitions = _constants.get(context, "constants", lambda: (
             jvm_class(spark, "scala.Option").empty(),
             jvm_class(spark, f"{_DATASOURCES}.parquet.ParquetFileFormat")(),
@@ -67,8 +67,6 @@ def files_relation(spark: SparkSession, root: str, paths: Any, schema: StructTyp
         relation = jvm_class(spark, f"{_DATASOURCES}.HadoopFsRelation")(
             index, no_partitions, java_schema, empty_option, file_format, java_options, session)
         return DataFrame(session.baseRelationToDataFrame(relation), spark)
-    except DeltaTableError:
-        raise
     except Py4JError as exc:
         _unavailable_in[:] = [context]
         log.info("Reading Delta files through spark.read from now on: Spark's file index internals differ "
