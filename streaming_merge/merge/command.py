@@ -107,12 +107,14 @@ class MergeOptions:
     # A source up to this many bytes (estimated) is broadcast and the touched files are
     # rewritten map-side; None: Spark's spark.sql.autoBroadcastJoinThreshold.
     broadcast_source_bytes: int | None = None
-    # findTouchedFiles streams a target scan of at least this many bytes past the broadcast
-    # source instead of shuffling every target key: one more Spark job (the broadcast), and
-    # the inserts are then found by a small anti join in the write, but the shuffle grows with
-    # the target (5M rows x 100k: findTouchedFiles 2.3 s -> 0.9 s, the MERGE 6.0 s -> 5.0 s;
-    # at 1M rows, 22 MB, the two came out even). Smaller scans keep the shuffle.
-    broadcast_scan_min_bytes: int = 64 * 1024 * 1024
+    # A target scan of at least this many bytes is streamed past the broadcast source instead
+    # of shuffling every target row (findTouchedFiles, and the one pass, which then rewrites
+    # map-side): one more Spark job (the broadcast) and the inserts' own file, but the shuffle
+    # grows with the target. 5M rows x 100k: findTouchedFiles 2.3 s -> 0.9 s. 1M rows (22 MB)
+    # x 10k, the one pass: 1,399 -> 1,108 ms (local source; Parquet 1,389 -> 1,125), x 100k
+    # even (1,366 / 1,339); one 1 MB candidate x 10k: 475 -> 523 ms (merge_profile A/B,
+    # 2026-11-27). Smaller scans keep the shuffle.
+    broadcast_scan_min_bytes: int = 16 * 1024 * 1024
     # New files are cut to about this size (Delta's and delta-rs' default is 128 MB / 100 MB).
     target_file_size: int = 128 * 1024 * 1024
     # One file is written by one task, so a single output file leaves the other cores idle:
