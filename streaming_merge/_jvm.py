@@ -70,9 +70,8 @@ def remember_pyspark_lookups(spark: SparkSession) -> None:
     view = spark.sparkContext._jvm
     if view is None or _REMEMBERED in vars(view):
         return
-    client = spark.sparkContext._gateway._gateway_client
     for name in _PYSPARK_LOOKUPS:
         found = getattr(view, name)
         if isinstance(found, JavaClass):
-            vars(view)[name] = _RememberingClass(found._fqn, client)
+            vars(view)[name] = jvm_class(spark, found._fqn)  # one proxy per class, shared with ours
     vars(view)[_REMEMBERED] = True

@@ -87,4 +87,3 @@ def _statuses(spark: SparkSession, paths: Any) -> Any:
             f"A data file of the table is missing: {exc.java_exception.getMessage()}. The Delta log still "
             "references it: it was deleted outside Delta (or vacuumed while a reader needed it)."
         ) from exc
-
