@@ -49,7 +49,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-ALL_ENGINES = ("ours", "delta-rs", "delta-rs-streamed", "duckdb", "floor", "spark-naive")
+ALL_ENGINES = ("ours", "delta-rs", "delta-rs-streamed", "duckdb", "floor", "spark-naive", "spark-floor")
+# Engines that re-read the files the preceding delta-rs run removed: they run right after it.
+AFTER_DELTA_RS = ("floor", "spark-floor")
 DEFAULT_ENGINES = ("ours", "delta-rs", "duckdb")
 KEY_DISTS = ("uniform", "clustered")
 UPDATE_FRACTION = 0.8
@@ -495,6 +497,60 @@ class FloorEngine(Engine):
         return result
 
 
+class SparkFloorEngine(OursEngine):
+    """Spark's own floor for a copy-on-write MERGE on this session: the files the preceding
+    delta-rs run removed, read and LEFT OUTER JOINed to the broadcast batch (a matched row takes
+    the batch's values), written by Spark's Parquet writer into one file per task slot.
+
+    What a Spark MERGE cannot avoid when it rewrites those rows, and nothing else: no inserts,
+    no source materialization, no metrics, no multiple-match check, no file stats, no log. The
+    batch is turned into a DataFrame outside the timed region (``prep``), as for ``ours``."""
+
+    name = "spark-floor"
+
+    def __init__(self, source: DeltaRsEngine) -> None:
+        super().__init__()
+        self.source = source
+
+    def setup(self, workdir: Path) -> None:
+        from streaming_merge.session import local_session
+
+        # The same session as ours (getOrCreate); warmed by the scenario's warm-up rounds, as it
+        # needs delta-rs' files of the scenario.
+        self._spark = local_session("bench", "local[2]", extra_conf={"spark.ui.showConsoleProgress": "false"})
+
+    def run(self, master: Path, run_dir: Path, n_target: int, batch: Batch) -> RunResult:
+        from pyspark.sql import functions as F
+
+        from streaming_merge._slots import task_slots
+        from streaming_merge.table.write import parquet_write_conf
+
+        files = self.source.last_removed
+        result = RunResult(self.name)
+        if not files or not all(f.exists() for f in files):
+            result.error = f"skipped: needs the files removed by a {self.source.name} run of this scenario"
+            return result
+        t0 = time.perf_counter()
+        source = self._spark.createDataFrame(batch.table)
+        result.prep_s = time.perf_counter() - t0
+        gc.collect()
+        t0 = time.perf_counter()
+        target = self._spark.read.parquet(*[str(f) for f in files])
+        columns = [f.name for f in SCHEMA]
+        rewritten = target.alias("t").join(F.broadcast(source.alias("s")), F.col("t.id") == F.col("s.id"),
+                                           "left_outer").select(
+            *[F.when(F.col("s.id").isNotNull(), F.col(f"s.{c}")).otherwise(F.col(f"t.{c}")).alias(c)
+              for c in columns])
+        with parquet_write_conf(self._spark):
+            rewritten.coalesce(task_slots(self._spark)).write.parquet(str(run_dir))
+        result.seconds = time.perf_counter() - t0
+        result.files_removed = len(files)
+        result.files_added = len(list(run_dir.glob("*.parquet")))
+        result.bytes_removed = sum(f.stat().st_size for f in files)
+        result.extra["rows_rewritten"] = int(pq.ParquetDataset(run_dir).read(columns=["id"]).num_rows)
+        return result
+
+
 # --------------------------------------------------------------------------- driver
 
 
@@ -560,11 +616,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
             parser.error(f"unknown key distribution {dist!r}; choose from {', '.join(KEY_DISTS)}")
     if args.repeat < 1 or args.target_rows < 1 or any(b < 1 for b in args.batches):
         parser.error("--repeat, --target-rows and batch sizes must be positive")
-    if "floor" in args.engines and "delta-rs" not in args.engines:
-        parser.error("the floor engine rewrites the files delta-rs removed; add delta-rs to --engines")
-    if "floor" in args.engines:  # floor must run right after delta-rs, whose files it reads
-        args.engines.remove("floor")
-        args.engines.insert(args.engines.index("delta-rs") + 1, "floor")
+    for name in reversed(AFTER_DELTA_RS):  # each must run right after delta-rs, whose files it reads
+        if name in args.engines:
+            if "delta-rs" not in args.engines:
+                parser.error(f"the {name} engine rewrites the files delta-rs removed; add delta-rs to --engines")
+            args.engines.remove(name)
+            args.engines.insert(args.engines.index("delta-rs") + 1, name)
     return args
 
 
@@ -581,10 +638,10 @@ def build_engines(names: Sequence[str], threads: int) -> dict[str, Engine]:
             engines[name] = DeltaRsEngine(streamed=True)
         elif name == "duckdb":
             engines[name] = DuckDbEngine(threads)
-        elif name == "floor":
+        elif name in AFTER_DELTA_RS:
             delta_rs = engines["delta-rs"]
             assert isinstance(delta_rs, DeltaRsEngine)
-            engines[name] = FloorEngine(delta_rs)
+            engines[name] = FloorEngine(delta_rs) if name == "floor" else SparkFloorEngine(delta_rs)
     return engines
 
 
@@ -680,11 +737,14 @@ def run_benchmark(
 
 
 def _ratios(s: Scenario) -> dict[str, float | None]:
-    ours = s.median("ours")
+    """Ours against each peer, and each Spark floor or rewrite against delta-rs: how much of
+    ours' distance to delta-rs any Spark plan on this session pays as well."""
     out: dict[str, float | None] = {}
-    for other in ("delta-rs", "duckdb"):
-        base = s.median(other)
-        out[f"ours/{other}"] = ours / base if ours is not None and base else None
+    for numerator, denominator in (("ours", "delta-rs"), ("ours", "duckdb"), ("ours", "spark-naive"),
+                                   ("ours", "spark-floor"), ("spark-floor", "delta-rs"),
+                                   ("spark-naive", "delta-rs")):
+        top, base = s.median(numerator), s.median(denominator)
+        out[f"{numerator}/{denominator}"] = top / base if top is not None and base else None
     return out
 
 
@@ -738,8 +798,8 @@ def format_table(scenarios: Sequence[Scenario]) -> str:
         "scenario",
         "engine",
         "seconds",
-        "ours/delta-rs",
-        "ours/duckdb",
+        "x delta-rs",
+        "ours/this",
         "files -rm/+add",
         "upd/ins",
         "ok",
@@ -760,14 +820,15 @@ def format_table(scenarios: Sequence[Scenario]) -> str:
                 ok = "✗"
             else:
                 ok = "✓" if any(r.ok for r in runs) else "-"
-            is_ours = name == "ours"
+            versus_delta_rs = ratios.get(f"{name}/delta-rs")
+            ours_versus = ratios.get(f"ours/{name}")
             rows.append(
                 (
                     s.label,
                     name,
                     f"{median:.3f}" if median is not None else "-",
-                    _fmt_ratio(ratios["ours/delta-rs"]) if is_ours else "",
-                    _fmt_ratio(ratios["ours/duckdb"]) if is_ours else "",
+                    _fmt_ratio(versus_delta_rs) if versus_delta_rs is not None else "",
+                    _fmt_ratio(ours_versus) if ours_versus is not None else "",
                     files,
                     upd_ins,
                     ok,
