@@ -616,7 +616,8 @@ def _map_side_single_pass(spark: SparkSession, snapshot: Snapshot, candidates: l
 def _layout(options: MergeOptions, files: Sequence[DataFile], source_bytes: int) -> FileLayout:
     """How the new files of a rewrite of ``files`` plus a source of ``source_bytes`` are cut."""
     return FileLayout(options.repartition_before_write, options.target_file_size,
-                      sum(f.size for f in files) + source_bytes, options.min_parallel_file_size)
+                      sum(f.size for f in files) + source_bytes, options.min_parallel_file_size,
+                      max((f.size for f in files), default=0))
 
 
 def _one_pass_applies(snapshot: Snapshot, options: MergeOptions, resolved: ResolvedMerge, source: DataFrame,

@@ -10,6 +10,7 @@ extra scan (Delta increments SQL metrics inside the same plan for the same reaso
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -210,6 +211,7 @@ class FileLayout:
     target_file_size: int
     estimated_bytes: int  # the rewritten files' bytes plus the source's, a bound on the output
     min_parallel_file_size: int  # MergeOptions.min_parallel_file_size
+    largest_file: int = 0  # the largest file rewritten (see scan_split_conf)
 
     @property
     def files_by_size(self) -> int:
@@ -222,29 +224,46 @@ class FileLayout:
 
 
 def write_frame(spark: SparkSession, snapshot: Snapshot, frame: DataFrame, resolved: ResolvedMerge,
-           layout: FileLayout, inserts: DataFrame | None = None, parallelism: int | None = None
-           ) -> list[WrittenFile]:
+                layout: FileLayout, inserts: DataFrame | None = None, parallelism: int | None = None
+                ) -> list[WrittenFile]:
     """Write ``frame`` (and ``inserts``, rows of a plan of their own) as the layout says;
     ``parallelism``: the task slots when the caller already asked Spark for them.
 
-    Coalescing groups a union's partitions by count, not by size: the few rows of the inserts'
-    partitions then made up a whole group while another group got most of the rewritten files
-    (5M rows x 100k: tasks of 1.3 s and 3.7 s on 2 cores). So when the rewrite is spread over
-    several files, it is coalesced on its own and the inserts go to one file of their own."""
+    An unpartitioned write into several files coalesces its input partitions, and Spark groups
+    them by count, not by size: a scan packed into as few partitions as there are cores, plus
+    the inserts' one, made a task of the inserts' few rows beside one of most of the rewritten
+    files (5M rows x 100k: tasks of 1.3 s and 3.7 s on 2 cores). So the scan is split into a
+    partition per file (see scan_split_conf), which a coalesce spreads evenly, and the inserts
+    join one of the files instead of taking a file of their own (1M x 100k: 3 files -> 2)."""
     partition_columns = snapshot.partition_columns
     parallelism = parallelism or task_slots(spark)
     files = layout.files(parallelism)
     if inserts is not None and (partition_columns or files == 1):
         frame, inserts = frame.unionByName(inserts), None
+    split_conf: dict[str, str] = {}
     if partition_columns and layout.repartition:
         buckets = max(1, min(int(spark.conf.get("spark.sql.shuffle.partitions") or 1),
                              parallelism * layout.files_by_size))
         frame = frame.repartition(buckets, *[F.col(f"`{c}`") for c in partition_columns])
     elif not partition_columns:
-        frame = frame.coalesce(files)
         if inserts is not None:
             frame = frame.unionByName(inserts.coalesce(1))
-    return write_files(spark, frame, snapshot.location, resolved.output_schema, partition_columns)
+        if files > 1:
+            split_conf = scan_split_conf(spark, layout)
+        frame = frame.coalesce(files)
+    with temporary_conf(spark, split_conf):
+        return write_files(spark, frame, snapshot.location, resolved.output_schema, partition_columns)
+
+
+def scan_split_conf(spark: SparkSession, layout: FileLayout) -> dict[str, str]:
+    """Scan settings that give each rewritten file a partition of its own and cut none: Spark's
+    split size is then the largest file (the session's at most), and opening a file costs as
+    much, so no two files share a partition. A file cut into splits would leave all splits but
+    one empty when it has one row group, and the coalesce, counting partitions, would then
+    balance the tasks wrongly."""
+    session_max = byte_size(spark.conf.get(_MAX_PARTITION_BYTES, None) or "128m")
+    split = str(max(1, min(layout.largest_file or session_max, session_max)))
+    return {_MAX_PARTITION_BYTES: split, _OPEN_COST_BYTES: split}
 
 
 def write_all_changes(
@@ -359,6 +378,17 @@ def _probed_sides(spark: SparkSession, snapshot: Snapshot, candidates: Sequence[
 
 
 _MAX_SINGLE_PARTITION_BYTES = "spark.sql.maxSinglePartitionBytes"
+_MAX_PARTITION_BYTES = "spark.sql.files.maxPartitionBytes"
+_OPEN_COST_BYTES = "spark.sql.files.openCostInBytes"
+_BYTE_UNITS = {"": 1, "b": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40, "p": 1 << 50}
+
+
+def byte_size(text: str) -> int:
+    """A Spark byte-size setting ("128MB", "64m", "134217728b", a bare number of bytes)."""
+    found = re.fullmatch(r"\s*(\d+)\s*([kmgtp]?)b?\s*", text.lower())
+    if found is None:
+        raise ValueError(f"not a byte size: {text!r}")
+    return int(found.group(1)) * _BYTE_UNITS[found.group(2)]
 
 
 def touch_observations(resolved: ResolvedMerge, probe: TouchProbe, matched_only: bool) -> list[RowAggregate]:
