@@ -76,7 +76,7 @@ def write_map_side_one_pass(spark: SparkSession, snapshot: Snapshot, candidates:
     outside_obs = Observation()
     sure_inserts = (None if outside is None else
                     inserted_rows(resolved, source.filter(outside), outside_obs, F.count(F.lit(1)).alias("rows")))
-    written = write_frame(spark, snapshot, output, resolved, layout, sure_inserts)
+    written = write_frame(spark, snapshot, output, resolved, layout, sure_inserts, map_side=True)
     try:
         try:
             counts, touched, shared, matched_keys = _observed(target_obs)

@@ -224,17 +224,20 @@ class FileLayout:
 
 
 def write_frame(spark: SparkSession, snapshot: Snapshot, frame: DataFrame, resolved: ResolvedMerge,
-                layout: FileLayout, inserts: DataFrame | None = None, parallelism: int | None = None
-                ) -> list[WrittenFile]:
+                layout: FileLayout, inserts: DataFrame | None = None, parallelism: int | None = None,
+                map_side: bool = False) -> list[WrittenFile]:
     """Write ``frame`` (and ``inserts``, rows of a plan of their own) as the layout says;
-    ``parallelism``: the task slots when the caller already asked Spark for them.
+    ``parallelism``: the task slots when the caller already asked Spark for them; ``map_side``:
+    ``frame`` is the target's scan with no exchange after it (a map-side rewrite).
 
     An unpartitioned write into several files coalesces its input partitions, and Spark groups
-    them by count, not by size: a scan packed into as few partitions as there are cores, plus
-    the inserts' one, made a task of the inserts' few rows beside one of most of the rewritten
-    files (5M rows x 100k: tasks of 1.3 s and 3.7 s on 2 cores). So the scan is split into a
-    partition per file (see scan_split_conf), which a coalesce spreads evenly, and the inserts
-    join one of the files instead of taking a file of their own (1M x 100k: 3 files -> 2)."""
+    them by count, not by size: a map-side rewrite's scan, packed into as few partitions as
+    there are cores, plus the inserts' one, made a task of the inserts' few rows beside one of
+    most of the rewritten files (5M rows x 100k: tasks of 1.3 s and 3.7 s on 2 cores). So that
+    scan gets a partition per file (see scan_split_conf), which a coalesce spreads evenly, and
+    the inserts join one of the files instead of taking a file of their own (1M x 100k: 3 files
+    -> 2). Behind an exchange the partitions are the exchange's, and the scans keep Spark's
+    splits (a large source would otherwise be read in tasks of a target file's size)."""
     partition_columns = snapshot.partition_columns
     parallelism = parallelism or task_slots(spark)
     files = layout.files(parallelism)
@@ -248,7 +251,7 @@ def write_frame(spark: SparkSession, snapshot: Snapshot, frame: DataFrame, resol
     elif not partition_columns:
         if inserts is not None:
             frame = frame.unionByName(inserts.coalesce(1))
-        if files > 1:
+        if files > 1 and map_side:
             split_conf = scan_split_conf(spark, layout)
         frame = frame.coalesce(files)
     with temporary_conf(spark, split_conf):
@@ -323,7 +326,7 @@ def write_all_changes(
     # Sides in one partition pair without an exchange only when Spark's size estimate of each is
     # within this setting; a checkpointed source (a sink's batch) has no estimate.
     with temporary_conf(spark, {_MAX_SINGLE_PARTITION_BYTES: str(1 << 62)} if one_task else {}):
-        written = write_frame(spark, snapshot, output, resolved, layout, parallelism=slots)
+        written = write_frame(spark, snapshot, output, resolved, layout, parallelism=slots, map_side=not shuffled)
     counts, touched_ids, shared = split_touched(observed_values(out_obs))
     counts["numSourceRowsInSecondScan"] = observed(src_obs).get("rows", 0)
     if probe is None:
@@ -426,7 +429,7 @@ def write_changes_map_side(
     target = scan_files(spark, snapshot, files_to_rewrite, schema=resolved.output_schema)
     output, src_obs, target_obs = rewrite_map_side(target, source, resolved)
     inserts = inserted_rows(resolved, unmatched_source, insert_obs)
-    written = write_frame(spark, snapshot, output, resolved, layout, inserts)
+    written = write_frame(spark, snapshot, output, resolved, layout, inserts, map_side=True)
     counts = {**observed(target_obs), **observed(insert_obs)}
     counts["numSourceRowsInSecondScan"] = observed(src_obs).get("rows", 0)
     return RewriteResult(written, counts)
