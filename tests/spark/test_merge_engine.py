@@ -551,6 +551,31 @@ def test_a_map_side_rewrite_over_several_files_spreads_the_rewrite_and_the_inser
                                                                7: "gus", 8: "hal"}
 
 
+def test_a_map_side_rewrite_of_many_files_gives_each_output_file_half_of_them(
+        spark: SparkSession, table_path: str) -> None:
+    """Six equal files rewritten map-side into two: each task (file) gets three files' rows, the
+    inserts joining one. Packed by Spark's split size, the six were three partitions of two
+    files, which a coalesce into two groups by count made one file of two files' rows and one
+    of four's."""
+    for part in range(6):  # one append, one file, per range of 500 ids
+        deltalake.write_deltalake(table_path, pa.table({"id": pa.array(range(part * 500, (part + 1) * 500), pa.int32()),
+                                                        "name": pa.array(["x"] * 500)}), mode="append")
+    before = parquet_files(table_path)
+    assert len(before) == 6
+    changes = spark.range(0, 3000, 100).select(F.col("id").cast("int").alias("id"), F.lit("y").alias("name"))
+    inserts = spark.createDataFrame([(5000, "new"), (5001, "new")], "id int, name string")
+    metrics = (DeltaTable.forPath(spark, table_path).alias("t").merge(changes.unionByName(inserts).alias("s"),
+                                                                      "t.id = s.id")
+               .whenMatchedUpdateAll().whenNotMatchedInsertAll()
+               .withOptions(min_parallel_file_size=1, broadcast_scan_min_bytes=0).execute())
+    assert (metrics["numTargetRowsUpdated"], metrics["numTargetRowsInserted"]) == (30, 2)
+    assert (metrics["numTargetFilesRemoved"], metrics["numTargetFilesAdded"]) == (6, 2)
+    added = sorted(live_files(table_path) - before)
+    per_file = sorted(len(pq_rows(os.path.join(table_path, f))) for f in added)
+    assert per_file == [1500, 1502]
+    assert len(rows(table_path)) == 3002
+
+
 def pq_rows(path: str) -> list[dict[str, Any]]:
     import pyarrow.parquet as pq
 
