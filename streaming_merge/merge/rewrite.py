@@ -10,7 +10,6 @@ extra scan (Delta increments SQL metrics inside the same plan for the same reaso
 from __future__ import annotations
 
 import logging
-import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -252,19 +251,19 @@ def write_frame(spark: SparkSession, snapshot: Snapshot, frame: DataFrame, resol
         if inserts is not None:
             frame = frame.unionByName(inserts.coalesce(1))
         if files > 1 and map_side:
-            split_conf = scan_split_conf(spark, layout)
+            session_max = int(spark._jsparkSession.sessionState().conf().filesMaxPartitionBytes())
+            split_conf = scan_split_conf(layout, session_max)
         frame = frame.coalesce(files)
     with temporary_conf(spark, split_conf):
         return write_files(spark, frame, snapshot.location, resolved.output_schema, partition_columns)
 
 
-def scan_split_conf(spark: SparkSession, layout: FileLayout) -> dict[str, str]:
+def scan_split_conf(layout: FileLayout, session_max: int) -> dict[str, str]:
     """Scan settings that give each rewritten file a partition of its own and cut none: Spark's
-    split size is then the largest file (the session's at most), and opening a file costs as
-    much, so no two files share a partition. A file cut into splits would leave all splits but
-    one empty when it has one row group, and the coalesce, counting partitions, would then
-    balance the tasks wrongly."""
-    session_max = byte_size(spark.conf.get(_MAX_PARTITION_BYTES, None) or "128m")
+    split size is then the largest file (``session_max``, the session's split size, at most),
+    and opening a file costs as much, so no two files share a partition. A file cut into splits
+    would leave all splits but one empty when it has one row group, and the coalesce, counting
+    partitions, would then balance the tasks wrongly."""
     split = str(max(1, min(layout.largest_file or session_max, session_max)))
     return {_MAX_PARTITION_BYTES: split, _OPEN_COST_BYTES: split}
 
@@ -383,15 +382,6 @@ def _probed_sides(spark: SparkSession, snapshot: Snapshot, candidates: Sequence[
 _MAX_SINGLE_PARTITION_BYTES = "spark.sql.maxSinglePartitionBytes"
 _MAX_PARTITION_BYTES = "spark.sql.files.maxPartitionBytes"
 _OPEN_COST_BYTES = "spark.sql.files.openCostInBytes"
-_BYTE_UNITS = {"": 1, "b": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40, "p": 1 << 50}
-
-
-def byte_size(text: str) -> int:
-    """A Spark byte-size setting ("128MB", "64m", "134217728b", a bare number of bytes)."""
-    found = re.fullmatch(r"\s*(\d+)\s*([kmgtp]?)b?\s*", text.lower())
-    if found is None:
-        raise ValueError(f"not a byte size: {text!r}")
-    return int(found.group(1)) * _BYTE_UNITS[found.group(2)]
 
 
 def touch_observations(resolved: ResolvedMerge, probe: TouchProbe, matched_only: bool) -> list[RowAggregate]:

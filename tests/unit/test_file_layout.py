@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from streaming_merge.merge.command import MergeOptions
-from streaming_merge.merge.rewrite import FileLayout, byte_size, scan_split_conf
+from streaming_merge.merge.rewrite import FileLayout, scan_split_conf
 
 MB = 1024 * 1024
 
@@ -38,43 +38,14 @@ def test_min_parallel_file_size_must_be_positive() -> None:
         MergeOptions(min_parallel_file_size=0)
 
 
-@pytest.mark.parametrize(("text", "size"), [
-    ("128MB", 128 * MB), ("64m", 64 * MB), ("1g", 1024 * MB), ("134217728b", 128 * MB), ("1024", 1024),
-    (" 4 kb ", 4096),
+@pytest.mark.parametrize(("largest_mb", "session_mb", "split_mb"), [
+    (5, 128, 5),      # a file per partition, none cut: split = open cost = the largest file
+    (300, 128, 128),  # a file past the session's split size is still cut at it
+    (300, 64, 64),
+    (0, 128, 128),    # nothing known about the files: the session's split size
 ])
-def test_spark_byte_sizes_are_read_as_spark_reads_them(text: str, size: int) -> None:
-    assert byte_size(text) == size
-
-
-def test_a_byte_size_spark_would_refuse_is_refused_by_name() -> None:
-    with pytest.raises(ValueError, match="not a byte size: '12 parsecs'"):
-        byte_size("12 parsecs")
-
-
-class _Conf:
-    def __init__(self, settings: dict[str, str]) -> None:
-        self.settings = settings
-
-    def get(self, key: str, default: str | None = None) -> str | None:
-        return self.settings.get(key, default)
-
-
-class _Session:
-    def __init__(self, settings: dict[str, str]) -> None:
-        self.conf = _Conf(settings)
-
-
-@pytest.mark.parametrize(("largest_mb", "session_setting", "split_mb"), [
-    (5, None, 5),        # a file per partition, none cut: split = open cost = the largest file
-    (300, None, 128),    # a file past Spark's split size is still cut at it
-    (300, "64m", 64),    # ... at the session's own
-    (0, None, 128),      # nothing known about the files: Spark's split size
-])
-def test_a_map_side_scan_gets_a_partition_per_file(largest_mb: int, session_setting: str | None,
-                                                    split_mb: int) -> None:
+def test_a_map_side_scan_gets_a_partition_per_file(largest_mb: int, session_mb: int, split_mb: int) -> None:
     layout = FileLayout(repartition=True, target_file_size=128 * MB, estimated_bytes=400 * MB,
                         min_parallel_file_size=8 * MB, largest_file=largest_mb * MB)
-    settings = {} if session_setting is None else {"spark.sql.files.maxPartitionBytes": session_setting}
-    conf = scan_split_conf(_Session(settings), layout)  # type: ignore[arg-type]
-    assert conf == {"spark.sql.files.maxPartitionBytes": str(split_mb * MB),
-                    "spark.sql.files.openCostInBytes": str(split_mb * MB)}
+    assert scan_split_conf(layout, session_mb * MB) == {"spark.sql.files.maxPartitionBytes": str(split_mb * MB),
+                                                         "spark.sql.files.openCostInBytes": str(split_mb * MB)}
