@@ -294,20 +294,31 @@ class OursEngine(Engine):
     def setup(self, workdir: Path) -> None:
         # Imported here so that the other engines run while streaming_merge is not importable.
         from streaming_merge import DeltaTable
-        from streaming_merge.session import local_session
 
         self._delta_table = DeltaTable
+        self._start_session()
+        self.warm_up(workdir)
+
+    def _start_session(self) -> None:
+        """The bench's one SparkSession (getOrCreate: every Spark engine shares it)."""
+        from streaming_merge.session import local_session
+
         # No console progress bars: they interleave with the per-run lines on stderr.
         self._spark = local_session("bench", "local[2]", extra_conf={"spark.ui.showConsoleProgress": "false"})
-        self.warm_up(workdir)
+
+    def _source(self, batch: Batch, result: RunResult) -> Any:
+        """The batch as a Spark DataFrame, its making timed apart (``prep_s``): the other
+        engines get the batch already in their own memory."""
+        t0 = time.perf_counter()
+        source = self._spark.createDataFrame(batch.table)
+        result.prep_s = time.perf_counter() - t0
+        return source
 
     def run(self, master: Path, run_dir: Path, n_target: int, batch: Batch) -> RunResult:
         result = RunResult(self.name)
         shutil.copytree(master, run_dir)
         before = _live_files(run_dir)
-        t0 = time.perf_counter()
-        source = self._spark.createDataFrame(batch.table)
-        result.prep_s = time.perf_counter() - t0
+        source = self._source(batch, result)
         gc.collect()
         t0 = time.perf_counter()
         metrics = (
@@ -350,9 +361,7 @@ class NaiveSparkEngine(OursEngine):
         result = RunResult(self.name)
         shutil.copytree(master, run_dir)
         before = _live_files(run_dir)
-        t0 = time.perf_counter()
-        source = self._spark.createDataFrame(batch.table)
-        result.prep_s = time.perf_counter() - t0
+        source = self._source(batch, result)
         gc.collect()
         t0 = time.perf_counter()
         snapshot = load_snapshot(str(run_dir))
@@ -513,11 +522,8 @@ class SparkFloorEngine(OursEngine):
         self.source = source
 
     def setup(self, workdir: Path) -> None:
-        from streaming_merge.session import local_session
-
-        # The same session as ours (getOrCreate); warmed by the scenario's warm-up rounds, as it
-        # needs delta-rs' files of the scenario.
-        self._spark = local_session("bench", "local[2]", extra_conf={"spark.ui.showConsoleProgress": "false"})
+        # Warmed by the scenario's warm-up rounds instead: it needs delta-rs' files of the scenario.
+        self._start_session()
 
     def run(self, master: Path, run_dir: Path, n_target: int, batch: Batch) -> RunResult:
         from pyspark.sql import functions as F
@@ -530,9 +536,7 @@ class SparkFloorEngine(OursEngine):
         if not files or not all(f.exists() for f in files):
             result.error = f"skipped: needs the files removed by a {self.source.name} run of this scenario"
             return result
-        t0 = time.perf_counter()
-        source = self._spark.createDataFrame(batch.table)
-        result.prep_s = time.perf_counter() - t0
+        source = self._source(batch, result)
         gc.collect()
         t0 = time.perf_counter()
         target = self._spark.read.parquet(*[str(f) for f in files])
