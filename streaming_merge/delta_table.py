@@ -12,6 +12,7 @@ from streaming_merge.optimize.builder import DeltaOptimizeBuilder
 from streaming_merge.table.commit import history
 from streaming_merge.table.create import create_table
 from streaming_merge.table.location import TableLocation, TableRef, resolve
+from streaming_merge.table.properties import set_properties
 from streaming_merge.table.scan import scan_files
 from streaming_merge.table.snapshot import load_snapshot, open_table, require_table, table_exists
 from streaming_merge.table.vacuum import vacuum
@@ -46,10 +47,12 @@ class DeltaTable:
 
     @classmethod
     def createFromDataFrame(cls, df: DataFrame, path: TableRef, partitionBy: list[str] | None = None,
-                            storage_options: Mapping[str, str] | None = None) -> DeltaTable:
-        """Create a new Delta table at ``path`` holding ``df``'s rows (refuses an existing one)."""
+                            storage_options: Mapping[str, str] | None = None,
+                            properties: Mapping[str, str] | None = None) -> DeltaTable:
+        """Create a new Delta table at ``path`` holding ``df``'s rows (refuses an existing one).
+        ``properties``: table properties, e.g. ``{"delta.enableDeletionVectors": "true"}``."""
         table = cls(df.sparkSession, path, storage_options=storage_options)
-        create_table(df.sparkSession, df, table.location, partitionBy)
+        create_table(df.sparkSession, df, table.location, partitionBy, properties=properties)
         return table
 
     @classmethod
@@ -64,6 +67,17 @@ class DeltaTable:
         """The table (at ``version``, latest by default) as a DataFrame, aliased as the table."""
         snapshot = load_snapshot(self.location, version)
         return scan_files(self._spark, snapshot, snapshot.files).alias(self.alias_name)
+
+    def setProperties(self, properties: Mapping[str, str | None]) -> int:
+        """Set (or, with None, unset) table properties in one commit, as ``ALTER TABLE ... SET
+        TBLPROPERTIES`` does; ``delta.enableDeletionVectors=true`` also upgrades the protocol to
+        reader 3 / writer 7 with the ``deletionVectors`` feature. Returns the new version."""
+        return set_properties(self.location, properties)
+
+    def enableDeletionVectors(self) -> int:
+        """Turn deletion vectors on (``delta.enableDeletionVectors=true`` and the protocol
+        upgrade): later MERGEs, UPDATEs and DELETEs mark rows deleted instead of rewriting files."""
+        return self.setProperties({"delta.enableDeletionVectors": "true"})
 
     def version(self) -> int:
         return open_table(self.location).version()

@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from pyroaring import BitMap64
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql.types import (
     BinaryType,
@@ -37,7 +38,7 @@ from streaming_merge._slots import task_slots
 from streaming_merge._spark_conf import temporary_conf
 from streaming_merge.errors import MaterializedSourceLostError, MergeAssignmentOverflowError
 from streaming_merge.merge.clauses import ClauseSet, MergeClause, expr_text
-from streaming_merge.merge.file_ids import FileIds
+from streaming_merge.merge.dv_rewrite import write_changes_with_deletion_vectors
 from streaming_merge.merge.key_presence import DEFAULT_KEY_PRESENCE_MAX_FILES, KeyPresenceProbe, key_presence_probe
 from streaming_merge.merge.map_side_pass import write_map_side_one_pass
 from streaming_merge.merge.materialize import (
@@ -84,10 +85,12 @@ from streaming_merge.merge.skipping import (
 )
 from streaming_merge.merge.touched import TouchedFiles, find_touched_files, join_partitions
 from streaming_merge.table.commit import CommitRequest, add_columns, commit
+from streaming_merge.table.deletion_vectors import DeletionVector, delete_dv_file, write_deletion_vectors
+from streaming_merge.table.file_ids import FileIds
 from streaming_merge.table.location import TableLocation
 from streaming_merge.table.schema import check_partition_columns
 from streaming_merge.table.snapshot import DataFile, Snapshot, check_writable, load_snapshot
-from streaming_merge.table.write import delete_written
+from streaming_merge.table.write import WrittenFile, delete_written
 
 log = logging.getLogger(__name__)
 
@@ -458,6 +461,23 @@ def _merge(spark: SparkSession, request: MergeRequest, snapshot: Snapshot, resol
     # Generated code or not: known before any of the MERGE's own jobs (see streaming_merge._interpreted).
     rows_read = rows_of([stats.rows if stats is not None else None, *[f.num_records for f in candidates]])
     with interpreted_if_small(spark, rows_read, options.interpreted_max_rows):
+        if not clauses.is_insert_only and snapshot.writes_deletion_vectors and not resolved.not_matched_by_source:
+            assert stats is not None
+            metrics["numSourceRows"] = stats.rows
+            metrics["scanTimeMs"] = 0
+            with phase(spark, "writeAllChanges", f"MERGE operation - writing the changes to {len(candidates)} "
+                                                 "candidate files as deletion vectors and new rows"):
+                changes = write_changes_with_deletion_vectors(
+                    spark, snapshot, candidates, source, resolved, layout=_layout(options, [], source_bytes),
+                    broadcast_source=broadcast,
+                    broadcast_scan=metrics["numTargetBytesAfterSkipping"] >= options.broadcast_scan_min_bytes)
+            metrics["rewriteTimeMs"] = _millis_since(scan_started)
+            metrics.update(changes.counts)
+            metrics.update(changes.changes.metrics())
+            hook("after_find_touched_files", source)
+            hook("before_commit", source)
+            return _commit_merge(spark, request, snapshot, resolved, skipping, candidates, metrics, changes.files,
+                                 changes.changes.removed, changes.changes.vectors, started, attempt)
         to_rewrite: list[DataFile] = []
         touched: TouchedFiles | None = None
         one_pass_result: RewriteResult | None = None
@@ -508,41 +528,60 @@ def _merge(spark: SparkSession, request: MergeRequest, snapshot: Snapshot, resol
             metrics["numTargetRowsMatchedDeleted"] = touched.matched_target_rows  # once per row, not per match
         hook("before_commit", source)
 
-        written = result.files
-        metrics.update({
-            "numTargetFilesRemoved": len(to_rewrite),
-            "numTargetBytesRemoved": sum(f.size for f in to_rewrite),
-            "numTargetPartitionsRemovedFrom": _partitions(snapshot, to_rewrite),
-            "numTargetFilesAdded": len(written),
-            "numTargetBytesAdded": sum(w.size for w in written),
-            "numTargetPartitionsAddedTo": len({tuple(sorted(w.partition_values.items())) for w in written})
-            if snapshot.partition_columns else 0,
-        })
-        try:
-            if options.before_commit is not None:
-                options.before_commit()
-            with phase(spark, "commit"):
-                commit_snapshot = snapshot
-                if resolved.output_schema != snapshot.schema:
-                    commit_snapshot = add_columns(snapshot, resolved.output_schema)
-                metrics["executionTimeMs"] = _millis_since(started)
-                final = MergeMetrics(metrics, attempts=attempt)
-                version = commit(CommitRequest(
-                    snapshot=commit_snapshot,
-                    adds=written,
-                    removes=to_rewrite,
-                    operation="MERGE",
-                    operation_parameters=_parameters(resolved),
-                    operation_metrics=final.delta_metrics(),
-                    app_id=request.app_id,
-                    app_version=request.app_version,
-                    read_files=candidates,
-                    concurrent_append_filter=_append_filter(spark, skipping),
-                ))
-        except BaseException:
-            delete_written(spark, snapshot.location, written)
-            raise
-        return MergeMetrics(metrics, attempts=attempt, table_version=version)
+        return _commit_merge(spark, request, snapshot, resolved, skipping, candidates, metrics, result.files,
+                             to_rewrite, [], started, attempt)
+
+
+def _commit_merge(spark: SparkSession, request: MergeRequest, snapshot: Snapshot, resolved: ResolvedMerge,
+                  skipping: SkippingPlan, candidates: list[DataFile], metrics: dict[str, int],
+                  written: list[WrittenFile], removed: Sequence[DataFile],
+                  vectors: Sequence[tuple[DataFile, BitMap64]], started: float, attempt: int) -> MergeMetrics:
+    """Count the files, write the new deletion vectors and commit; on any failure the files and
+    the vectors this MERGE wrote are deleted again, so nothing of it lingers."""
+    options = request.options
+    metrics.update({
+        "numTargetFilesRemoved": len(removed),
+        "numTargetBytesRemoved": sum(f.size for f in removed),
+        "numTargetPartitionsRemovedFrom": _partitions(snapshot, [*removed, *(f for f, _ in vectors)]),
+        "numTargetFilesAdded": len(written),
+        "numTargetBytesAdded": sum(w.size for w in written),
+        "numTargetPartitionsAddedTo": len({tuple(sorted(w.partition_values.items())) for w in written})
+        if snapshot.partition_columns else 0,
+    })
+    vector_file: str | None = None
+    try:
+        if options.before_commit is not None:
+            options.before_commit()
+        with phase(spark, "commit"):
+            commit_snapshot = snapshot
+            if resolved.output_schema != snapshot.schema:
+                commit_snapshot = add_columns(snapshot, resolved.output_schema)
+            descriptors: list[DeletionVector] = []
+            if vectors:
+                stored = write_deletion_vectors(snapshot.location.log_uri, snapshot.location.options,
+                                                [bitmap for _, bitmap in vectors])
+                descriptors, vector_file = list(stored.descriptors), stored.file
+            metrics["executionTimeMs"] = _millis_since(started)
+            final = MergeMetrics(metrics, attempts=attempt)
+            version = commit(CommitRequest(
+                snapshot=commit_snapshot,
+                adds=written,
+                removes=list(removed),
+                operation="MERGE",
+                operation_parameters=_parameters(resolved),
+                operation_metrics=final.delta_metrics(),
+                app_id=request.app_id,
+                app_version=request.app_version,
+                read_files=candidates,
+                concurrent_append_filter=_append_filter(spark, skipping),
+                deletion_vectors=[(f, d) for (f, _), d in zip(vectors, descriptors, strict=True)],
+            ))
+    except BaseException:
+        delete_written(spark, snapshot.location, written)
+        if vector_file is not None:
+            delete_dv_file(snapshot.location.log_uri, snapshot.location.options, vector_file)
+        raise
+    return MergeMetrics(metrics, attempts=attempt, table_version=version)
 
 
 def _rewrites_all_candidates(options: MergeOptions, resolved: ResolvedMerge, snapshot: Snapshot, source: DataFrame,

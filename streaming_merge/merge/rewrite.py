@@ -19,7 +19,6 @@ from pyspark.sql import functions as F
 
 from streaming_merge._slots import task_slots
 from streaming_merge._spark_conf import temporary_conf
-from streaming_merge.merge.file_ids import FileIds
 from streaming_merge.merge.resolve import (
     SOURCE_PRESENT,
     TARGET_PRESENT,
@@ -28,6 +27,7 @@ from streaming_merge.merge.resolve import (
     qualified,
 )
 from streaming_merge.merge.touched import FILE_ID_COL, any_of, join_partitions, scan_with_file_ids
+from streaming_merge.table.file_ids import FileIds
 from streaming_merge.table.scan import scan_files
 from streaming_merge.table.snapshot import DataFile, Snapshot
 from streaming_merge.table.write import WrittenFile, write_files
@@ -112,7 +112,7 @@ def first_applicable(resolved: ResolvedMerge, clauses: Sequence[ResolvedClause],
     return resolved.derive(("first", default, *[c.code for c in clauses]), build)
 
 
-def _count(resolved: ResolvedMerge, codes: Sequence[int], name: str) -> Column:
+def action_count(resolved: ResolvedMerge, codes: Sequence[int], name: str) -> Column:
     def build() -> Column:
         if not codes:
             return F.lit(0).alias(name)
@@ -155,7 +155,7 @@ def target_row_counts(resolved: ResolvedMerge) -> list[Column]:
     codes = ([COPY], codes_of(resolved.matched, delete=False), codes_of(resolved.matched, delete=True),
              codes_of(resolved.not_matched_by_source, delete=False),
              codes_of(resolved.not_matched_by_source, delete=True))
-    return [_count(resolved, c, name) for c, name in zip(codes, TARGET_ROW_COUNTS, strict=True)]
+    return [action_count(resolved, c, name) for c, name in zip(codes, TARGET_ROW_COUNTS, strict=True)]
 
 
 @dataclass(frozen=True)
@@ -320,7 +320,7 @@ def write_all_changes(
         resolved, joined.withColumn(ACTION_COL, action), resolved.all, True,
         [DROP, *codes_of(resolved.all, delete=True)], out_obs,
         [*target_row_counts(resolved),
-         _count(resolved, codes_of(resolved.not_matched, delete=False), "numTargetRowsInserted")],
+         action_count(resolved, codes_of(resolved.not_matched, delete=False), "numTargetRowsInserted")],
         touch_observations(resolved, probe, matched_only) if probe is not None else ())
     # Sides in one partition pair without an exchange only when Spark's size estimate of each is
     # within this setting; a checkpointed source (a sink's batch) has no estimate.
@@ -346,7 +346,7 @@ def joined_twice(counts: dict[str, int], candidates: Sequence[DataFile]) -> bool
     instead, TouchProbe.count_keys): each joined target row is counted once under
     TARGET_ROW_COUNTS per source row it joined, so more rows means a target row matched two
     source rows, which findTouchedFiles then judges."""
-    records = [f.num_records for f in candidates]
+    records = [f.live_records for f in candidates]
     if any(n is None for n in records):
         return False
     return sum(counts.get(name, 0) for name in TARGET_ROW_COUNTS) != sum(n for n in records if n is not None)
@@ -432,7 +432,8 @@ def inserted_rows(resolved: ResolvedMerge, unmatched: DataFrame, observation: Ob
     with_action = (unmatched.alias(resolved.source_alias)
                    .withColumn(ACTION_COL, first_applicable(resolved, resolved.not_matched, DROP))
                    .observe(observation,
-                            _count(resolved, codes_of(resolved.not_matched, delete=False), "numTargetRowsInserted"),
+                            action_count(resolved, codes_of(resolved.not_matched, delete=False),
+                                         "numTargetRowsInserted"),
                             *also))
     return (with_action.filter(F.col(ACTION_COL) != DROP)
             .select(*outputs(resolved, resolved.not_matched, copy_from_target=False)))
@@ -488,7 +489,7 @@ def write_inserts_only(
         unmatched = (source.alias(resolved.source_alias).withColumn(SOURCE_PRESENT, F.lit(True))
                      .observe(src_obs, F.count(F.lit(1)).alias("rows")))
     with_action = unmatched.withColumn(ACTION_COL, first_applicable(resolved, resolved.not_matched, DROP)).observe(
-        out_obs, _count(resolved, codes_of(resolved.not_matched, delete=False), "numTargetRowsInserted")
+        out_obs, action_count(resolved, codes_of(resolved.not_matched, delete=False), "numTargetRowsInserted")
     )
     output = with_action.filter(F.col(ACTION_COL) != DROP).select(
         *outputs(resolved, resolved.not_matched, copy_from_target=False))

@@ -17,7 +17,6 @@ from pyspark.sql import functions as F
 
 from streaming_merge._slots import task_slots
 from streaming_merge.errors import MultipleSourceRowMatchingTargetRowError
-from streaming_merge.merge.file_ids import FileIds
 from streaming_merge.merge.materialize import storage_level
 from streaming_merge.merge.resolve import (
     SOURCE_PRESENT,
@@ -26,6 +25,7 @@ from streaming_merge.merge.resolve import (
     ResolvedMerge,
     qualified,
 )
+from streaming_merge.table.file_ids import FileIds
 from streaming_merge.table.scan import ROW_INDEX_COL, scan_files
 from streaming_merge.table.snapshot import DataFile, Snapshot
 

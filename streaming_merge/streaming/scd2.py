@@ -239,7 +239,7 @@ def current_rows(spark: SparkSession, snapshot: Snapshot, key_ranges: Mapping[st
     scope = ColumnScope("t", "s", columns, keys)
     ranges = [(k, *key_ranges[k], key_ranges[k][0] is not None) for k in keys if k in key_ranges]
     files = SkippingPlan((), ranges, scope, snapshot.schema, skip_nothing=False).select(
-        spark, snapshot, [f for f in snapshot.files if f.num_records is None or f.num_records > 0])
+        spark, snapshot, [f for f in snapshot.files if f.live_records is None or f.live_records > 0])
     oldest = F.min(spec.sequence())
     if truncates:
         oldest = F.least(oldest, *truncates)

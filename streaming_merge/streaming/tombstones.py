@@ -99,7 +99,7 @@ class Tombstones:
     @staticmethod
     def all_files(snapshot: Snapshot | None) -> list[DataFile]:
         """Every tombstone file that holds a row."""
-        return [f for f in snapshot.files if f.num_records] if snapshot is not None else []
+        return [f for f in snapshot.files if f.live_records] if snapshot is not None else []
 
     @staticmethod
     def is_small(files: Sequence[DataFile]) -> bool:
@@ -164,12 +164,12 @@ class Tombstones:
 
     def _overlapping_files(self, spark: SparkSession, snapshot: Snapshot | None,
                            key_ranges: Mapping[str, tuple[Any, Any]]) -> list[DataFile]:
-        if snapshot is None or not any(f.num_records for f in snapshot.files):
+        if snapshot is None or not any(f.live_records for f in snapshot.files):
             return []
         scope = ColumnScope("d", "e", self._columns, self._columns)
         ranges = [(k, *key_ranges[k], key_ranges[k][0] is not None) for k in self._spec.keys if k in key_ranges]
         return SkippingPlan((), ranges, scope, snapshot.schema, skip_nothing=False).select(
-            spark, snapshot, [f for f in snapshot.files if f.num_records])
+            spark, snapshot, [f for f in snapshot.files if f.live_records])
 
     def _scan(self, spark: SparkSession, snapshot: Snapshot, files: Sequence[DataFile]) -> DataFrame:
         return (scan_files(spark, snapshot, files).select(*[F.col(f"`{c}`") for c in self._columns])

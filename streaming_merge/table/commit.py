@@ -1,12 +1,15 @@
-"""Commit removes + adds (+ an app transaction) atomically through delta-rs.
+"""Commit removes + adds (+ an app transaction, deletion vectors, a protocol or property change)
+atomically, as one commit file we write ourselves.
 
 The operation read version V. Before committing we check every commit after V as Delta's
 OptimisticTransaction does: no concurrent commit may have removed a file we read or remove
 (ConcurrentDeleteRead/DeleteDelete), added one our read predicate could have matched
 (ConcurrentAppend), recorded a txn for our app id (ConcurrentTransaction), or changed the
 metadata or protocol. The commit is then made at exactly the version after the last one we
-checked (delta-rs with ``max_commit_retries=0``): if another commit wins that version, we
-check again and retry, so no commit can slip in between our check and our commit.
+checked, with a put-if-absent of ``_delta_log/<version>.json`` (streaming_merge.table.store): if
+another commit wins that version, we check again and retry, so no commit can slip in between our
+check and our commit. delta-rs' commit API cannot carry a deletion vector, so every commit of an
+operation goes through this one writer; delta-rs reads the log and writes the checkpoints.
 """
 
 from __future__ import annotations
@@ -18,16 +21,20 @@ import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import quote
 
-from deltalake.exceptions import CommitFailedError, DeltaError
+from deltalake.exceptions import CommitFailedError
 from deltalake.schema import Schema as RsSchema
-from deltalake.transaction import AddAction, CommitProperties, RemoveAction, Transaction
+from deltalake.transaction import CommitProperties
 from pyspark.sql.types import StructType
 
 from streaming_merge.errors import ConcurrentModificationError, DeltaTableError
+from streaming_merge.table.deletion_vectors import DeletionVector
 from streaming_merge.table.location import TableRef
+from streaming_merge.table.protocol import Protocol
 from streaming_merge.table.schema import spark_to_delta_json
 from streaming_merge.table.snapshot import DataFile, Snapshot, advance, load_snapshot, open_table
+from streaming_merge.table.store import put_if_absent, table_store
 from streaming_merge.table.write import WrittenFile, partition_value_string
 
 log = logging.getLogger(__name__)
@@ -35,6 +42,10 @@ log = logging.getLogger(__name__)
 # Our operation name lives beside delta-rs' own commitInfo keys (it reserves "operation").
 OPERATION_KEY = "userOperation"
 COMMIT_ID_KEY = "streamingMergeCommitId"
+ENGINE_INFO = "streaming_merge/0.1.0"
+_CHECKPOINT_INTERVAL = 100
+# Characters a Delta log path keeps as they are (what Hadoop's Path.toUri leaves unencoded).
+_PATH_SAFE = "/-_.!~*'(),;:$&+=@"
 
 
 @dataclass(frozen=True)
@@ -55,6 +66,12 @@ class CommitRequest:
     concurrent_append_filter: Callable[[Snapshot, list[DataFile]], list[DataFile]] | None = None
     # False for a rewrite that changes no row (compaction): streaming readers of the table skip it.
     data_change: bool = True
+    # Files that stay with a new deletion vector (merged with the one they had): each is removed
+    # as it was and added again with the new one.
+    deletion_vectors: Sequence[tuple[DataFile, DeletionVector]] = ()
+    # A new protocol or new table properties, committed with the data (None: unchanged).
+    protocol: Protocol | None = None
+    configuration: Mapping[str, str | None] | None = None
 
 
 _MAX_COMMIT_RACES = 20
@@ -66,68 +83,90 @@ def commit(request: CommitRequest) -> int:
     snapshot = request.snapshot
     if request.new_schema is not None and request.new_schema != snapshot.schema:
         raise DeltaTableError(
-            "delta-rs ignores a schema change inside an append commit; evolve the schema with "
-            "add_columns() first and commit against the snapshot it returns."
+            "A data commit does not change the schema; evolve it with add_columns() first and commit "
+            "against the snapshot it returns."
         )
     # dataChange=false (compaction) rewrites the same rows: Delta allows it on append-only tables.
-    if (request.removes and request.data_change
+    if ((request.removes or request.deletion_vectors) and request.data_change
             and (snapshot.configuration.get("delta.appendOnly") or "").lower() == "true"):
         raise DeltaTableError(
             f"This table is configured to only allow appends (`{snapshot.table_path}`, "
             f"delta.appendOnly=true); {request.operation} would remove {len(request.removes)} file(s). "
             "If you would like to permit updates or deletes, set delta.appendOnly=false."
         )
-    now = int(time.time() * 1000)
-    actions: list[AddAction | RemoveAction] = [
-        RemoveAction(f.path, request.data_change, now, f.size,
-                     {k: partition_value_string(v) for k, v in f.partition_values.items()})
-        for f in request.removes
-    ]
-    actions += [
-        AddAction(w.path, w.size, w.partition_values, w.modification_time, request.data_change, w.stats)
-        for w in request.adds
-    ]
-    transactions = (
-        [Transaction(request.app_id, request.app_version)] if request.app_id is not None else None
-    )
-    custom = {
-        OPERATION_KEY: request.operation,
-        COMMIT_ID_KEY: uuid.uuid4().hex,
-        "operationParameters": {k: _text(v) for k, v in request.operation_parameters.items()},
-        "operationMetrics": {k: _text(v) for k, v in request.operation_metrics.items()},
-    }
-    schema = RsSchema.from_json(spark_to_delta_json(snapshot.schema))
     # Asked before the snapshot's log handle moves on to newer versions.
     applied = snapshot.transaction_version(request.app_id) if request.app_id is not None else None
+    store = table_store(snapshot.location.log_uri, snapshot.location.options)
+    commit_id = uuid.uuid4().hex
     for _ in range(_MAX_COMMIT_RACES):
         checked = _check_concurrent_commits(request, applied)
+        version = checked.version + 1
+        body = _commit_file(request, checked, commit_id)
         try:
-            checked._table.create_write_transaction(
-                actions,
-                mode="append",
-                schema=schema,
-                partition_by=snapshot.partition_columns or None,
-                commit_properties=CommitProperties(
-                    custom_metadata=custom, app_transactions=transactions, max_commit_retries=0
-                ),
-            )
-        except CommitFailedError as exc:
-            if advance(checked).version > checked.version:
-                log.info("A commit to %s won version %d; checking it and retrying",
-                         snapshot.table_path, checked.version + 1)
-                continue
+            created = put_if_absent(store, f"_delta_log/{version:020d}.json", body)
+        except Exception as exc:
             raise DeltaTableError(
                 f"Committing {request.operation} to `{snapshot.table_path}` failed: {exc}"
             ) from exc
-        except DeltaError as exc:
-            raise DeltaTableError(
-                f"Committing {request.operation} to `{snapshot.table_path}` failed: {exc}"
-            ) from exc
-        return checked.version + 1
+        if not created:
+            log.info("A commit to %s won version %d; checking it and retrying", snapshot.table_path, version)
+            continue
+        _checkpoint_if_due(checked, version)
+        return version
     raise ConcurrentModificationError(
         f"{_MAX_COMMIT_RACES} concurrent commits to `{snapshot.table_path}` won the race against this "
         f"{request.operation} (read version {snapshot.version}); nothing was committed, rerun it."
     )
+
+
+def _commit_file(request: CommitRequest, latest: Snapshot, commit_id: str) -> bytes:
+    """The commit's actions, one JSON object a line (PROTOCOL.md, "Delta Log Entries")."""
+    now = int(time.time() * 1000)
+    removes_any = bool(request.removes or request.deletion_vectors)
+    info: dict[str, Any] = {
+        "timestamp": now,
+        "operation": request.operation,
+        "operationParameters": {k: _text(v) for k, v in request.operation_parameters.items()},
+        "readVersion": request.snapshot.version,
+        "isolationLevel": "Serializable",
+        "isBlindAppend": not removes_any and not request.read_files,
+        "operationMetrics": {k: _text(v) for k, v in request.operation_metrics.items()},
+        "engineInfo": ENGINE_INFO,
+        "txnId": commit_id,
+        OPERATION_KEY: request.operation,
+        COMMIT_ID_KEY: commit_id,
+    }
+    actions: list[dict[str, Any]] = [{"commitInfo": info}]
+    if request.protocol is not None and request.protocol != Protocol.of(latest.protocol):
+        actions.append({"protocol": request.protocol.to_json()})
+    if request.configuration is not None and request.configuration != latest.configuration:
+        actions.append({"metaData": metadata_action(latest, request.configuration)})
+    if request.app_id is not None:
+        actions.append({"txn": {"appId": request.app_id, "version": request.app_version, "lastUpdated": now}})
+    for removed in request.removes:
+        actions.append({"remove": remove_action(removed, now, request.data_change)})
+    for kept, vector in request.deletion_vectors:
+        actions.append({"remove": remove_action(kept, now, request.data_change)})
+        actions.append({"add": readd_action(request.snapshot, kept, vector, request.data_change)})
+    for added in request.adds:
+        actions.append({"add": add_action(added, request.data_change)})
+    return "".join(json.dumps(a, separators=(",", ":")) + "\n" for a in actions).encode("utf-8")
+
+
+def _checkpoint_if_due(snapshot: Snapshot, version: int) -> None:
+    """A checkpoint every ``delta.checkpointInterval`` commits (100 by default), written by
+    delta-rs; the commit has landed already, so a failed checkpoint is only logged."""
+    try:
+        interval = int(snapshot.configuration.get("delta.checkpointInterval") or _CHECKPOINT_INTERVAL)
+    except ValueError:
+        interval = _CHECKPOINT_INTERVAL
+    if interval <= 0 or version % interval != 0:
+        return
+    try:
+        open_table(snapshot.location, version).create_checkpoint()
+    except Exception as exc:
+        log.warning("Checkpoint of %s at version %d failed (the commit stands): %s", snapshot.table_path,
+                    version, exc)
 
 
 def add_columns(snapshot: Snapshot, evolved: StructType) -> Snapshot:
@@ -188,15 +227,17 @@ def _check_concurrent_commits(request: CommitRequest, applied_at_read: int | Non
             f"The metadata or protocol of `{snapshot.table_path}` changed in {versions}; "
             f"rerun the {request.operation}."
         )
-    live = {f.path for f in latest.files}
-    gone = sorted({f.path for f in [*request.read_files, *request.removes] if f.path not in live})
+    # A file is a path and its deletion vector: one that got a new vector concurrently is gone too.
+    live = {f.key for f in latest.files}
+    kept = [f for f, _ in request.deletion_vectors]
+    gone = sorted({f.path for f in [*request.read_files, *request.removes, *kept] if f.key not in live})
     if gone:
         raise ConcurrentModificationError(
             f"A concurrent commit ({versions}) removed files this {request.operation} read from "
             f"`{snapshot.table_path}`: {gone[:5]}. Nothing was committed; rerun the operation."
         )
-    before = {f.path for f in snapshot.files}
-    appended = [f for f in latest.files if f.path not in before]
+    before = {f.key for f in snapshot.files}
+    appended = [f for f in latest.files if f.key not in before]
     if appended and request.concurrent_append_filter is not None:
         relevant = request.concurrent_append_filter(latest, appended)
         if relevant:
@@ -206,6 +247,61 @@ def _check_concurrent_commits(request: CommitRequest, applied_at_read: int | Non
                 "committed; rerun the operation."
             )
     return latest
+
+
+def log_path(relative: str) -> str:
+    """A file's path as the log spells it: URL-encoded, as Delta writes it and readers decode it."""
+    return quote(relative, safe=_PATH_SAFE)
+
+
+def add_action(added: WrittenFile, data_change: bool) -> dict[str, Any]:
+    return {"path": log_path(added.path), "partitionValues": dict(added.partition_values), "size": added.size,
+            "modificationTime": added.modification_time, "dataChange": data_change, "stats": added.stats}
+
+
+def remove_action(removed: DataFile, now: int, data_change: bool) -> dict[str, Any]:
+    """The ``remove`` of a live file: with its deletion vector, which is part of what identifies it."""
+    action: dict[str, Any] = {
+        "path": log_path(removed.path), "deletionTimestamp": now, "dataChange": data_change,
+        "extendedFileMetadata": True,
+        "partitionValues": {k: partition_value_string(v) for k, v in removed.partition_values.items()},
+        "size": removed.size,
+    }
+    if removed.deletion_vector is not None:
+        action["deletionVector"] = removed.deletion_vector.to_json()
+    return action
+
+
+def readd_action(snapshot: Snapshot, kept: DataFile, vector: DeletionVector, data_change: bool) -> dict[str, Any]:
+    """The ``add`` of a file that stays with a new deletion vector: its own add action as the log
+    has it, the new vector, and stats marked as no longer tight (Delta keeps the physical
+    ``numRecords`` and the min/max of every row, deleted or not, which still bound the rest)."""
+    action = dict(snapshot.log_add(kept.path))
+    action["dataChange"] = data_change
+    action["deletionVector"] = vector.to_json()
+    stats = action.get("stats")
+    if stats:
+        parsed = json.loads(stats)
+        parsed["tightBounds"] = False
+        action["stats"] = json.dumps(parsed, separators=(",", ":"))
+    action.pop("baseRowId", None)
+    action.pop("defaultRowCommitVersion", None)
+    return action
+
+
+def metadata_action(snapshot: Snapshot, configuration: Mapping[str, str | None]) -> dict[str, Any]:
+    """The table's ``metaData`` with new properties (same id, schema and partitioning)."""
+    metadata = snapshot._table.metadata()
+    return {
+        "id": metadata.id,
+        "name": metadata.name,
+        "description": metadata.description,
+        "format": {"provider": "parquet", "options": {}},
+        "schemaString": spark_to_delta_json(snapshot.schema),
+        "partitionColumns": list(snapshot.partition_columns),
+        "configuration": {k: v for k, v in configuration.items() if v is not None},
+        "createdTime": metadata.created_time,
+    }
 
 
 def _text(value: Any) -> str:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from deltalake.exceptions import DeltaError
 from deltalake.schema import Schema as RsSchema
 from deltalake.transaction import AddAction, CommitProperties, create_table_with_add_actions
@@ -22,8 +24,12 @@ def create_table(
     partition_by: list[str] | None = None,
     *,
     schema: StructType | None = None,
+    properties: Mapping[str, str] | None = None,
 ) -> None:
-    """Create the table at ``path`` holding ``df``'s rows; refuse an existing table."""
+    """Create the table at ``path`` holding ``df``'s rows; refuse an existing table.
+
+    ``properties`` are table properties (``delta.enableDeletionVectors``, ...); delta-rs gives
+    the table the protocol they need (reader 3 / writer 7 with ``deletionVectors``)."""
     location = resolve(path, spark)
     partition_columns = list(partition_by or [])
     schema = schema or df.schema
@@ -42,6 +48,7 @@ def create_table(
             ],
             mode="error",
             partition_by=partition_columns or None,
+            configuration=dict(properties) if properties else None,
             storage_options=location.options,
             commit_properties=CommitProperties(custom_metadata={"userOperation": "CREATE TABLE AS SELECT"}),
         )

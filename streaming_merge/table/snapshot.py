@@ -7,7 +7,7 @@ reads the same version, as Delta's OptimisticTransaction does.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 from urllib.parse import unquote
 
@@ -18,12 +18,12 @@ from pyspark.sql.types import ArrayType, DataType, MapType, StructType
 
 from streaming_merge._profile import count_log_load
 from streaming_merge.errors import DeltaTableError, NotADeltaTableError, UnsupportedTableFeatureError
+from streaming_merge.table.deletion_vectors import DeletionVector
+from streaming_merge.table.dv_log import live_adds
 from streaming_merge.table.location import TableLocation, TableRef, resolve
+from streaming_merge.table.protocol import SUPPORTED_READER_FEATURES, SUPPORTED_WRITER_FEATURES, Protocol, is_enabled
 from streaming_merge.table.schema import delta_json_to_spark
 
-# Protocol features whose presence we can honour: they change nothing we write.
-_SUPPORTED_READER_FEATURES = frozenset({"timestampNtz"})
-_SUPPORTED_WRITER_FEATURES = frozenset({"appendOnly", "timestampNtz", "invariants"})
 _MAX_READER_VERSION = 3
 _MAX_WRITER_VERSION = 7
 
@@ -36,6 +36,23 @@ class DataFile:
     size: int
     num_records: int | None
     partition_values: dict[str, Any]  # typed values (None for NULL)
+    # The rows of the file that are deleted (Delta's deletion vector), or None.
+    deletion_vector: DeletionVector | None = None
+
+    @property
+    def key(self) -> tuple[str, str | None]:
+        """What identifies the file in the log: its path and its deletion vector's id."""
+        return self.path, self.deletion_vector.unique_id if self.deletion_vector is not None else None
+
+    @property
+    def deleted_rows(self) -> int:
+        return self.deletion_vector.cardinality if self.deletion_vector is not None else 0
+
+    @property
+    def live_records(self) -> int | None:
+        """The rows a reader sees: the physical ``num_records`` less those its deletion vector
+        deletes (Delta's stats keep the physical count)."""
+        return None if self.num_records is None else self.num_records - self.deleted_rows
 
 
 @dataclass(frozen=True)
@@ -79,6 +96,25 @@ class Snapshot:
 
     def absolute_path(self, relative: str) -> str:
         return self.location.join(relative)
+
+    @property
+    def has_deletion_vectors(self) -> bool:
+        """Whether the table's protocol has deletion vectors (files may carry them)."""
+        return Protocol.of(self.protocol).has_deletion_vectors
+
+    @property
+    def writes_deletion_vectors(self) -> bool:
+        """Whether operations mark deleted rows in deletion vectors instead of rewriting files
+        (the feature in the protocol and ``delta.enableDeletionVectors=true``)."""
+        return self.has_deletion_vectors and is_enabled(self.configuration, "delta.enableDeletionVectors")
+
+    def log_add(self, path: str) -> dict[str, Any]:
+        """The live ``add`` action of ``path`` as the log holds it (only for tables with deletion
+        vectors, whose log we replay for the vectors delta-rs does not return)."""
+        adds = self._state.get("log_adds")
+        if adds is None or path not in adds:
+            raise DeltaTableError(f"No live add action of `{path}` in `{self.table_path}` at version {self.version}")
+        return adds[path]
 
 
 def require_table(path: TableRef) -> None:
@@ -155,6 +191,13 @@ def _snapshot_of(location: TableLocation, table: _RsTable) -> Snapshot:
     partition_columns = list(metadata.partition_columns)
     stats = pa.table(table.get_add_actions(flatten=True))
     files = _data_files(stats, partition_columns)
+    protocol = table.protocol()
+    state: dict[str, Any] = {}
+    if Protocol.of(protocol).has_deletion_vectors:
+        # delta-rs returns no deletion-vector descriptors: they come from the log itself.
+        adds = live_adds(location.log_uri, location.options, table.version())
+        state["log_adds"] = adds
+        files = [_with_deletion_vector(f, adds.get(f.path), location) for f in files]
     return Snapshot(
         location=location,
         version=table.version(),
@@ -163,9 +206,18 @@ def _snapshot_of(location: TableLocation, table: _RsTable) -> Snapshot:
         files=files,
         stats=stats,
         configuration=dict(metadata.configuration),
-        protocol=table.protocol(),
+        protocol=protocol,
         _table=table,
+        _state=state,
     )
+
+
+def _with_deletion_vector(file: DataFile, add: dict[str, Any] | None, location: TableLocation) -> DataFile:
+    if add is None:
+        raise DeltaTableError(f"The log of `{location}` names `{file.path}` as live but its add action was not found "
+                              "when reading its deletion vectors.")
+    vector = add.get("deletionVector")
+    return replace(file, deletion_vector=DeletionVector.from_json(vector)) if vector else file
 
 
 def _data_files(stats: pa.Table, partition_columns: list[str]) -> list[DataFile]:
@@ -193,8 +245,8 @@ def check_writable(snapshot: Snapshot) -> None:
             f"{_MAX_WRITER_VERSION}."
         )
     unsupported = sorted(
-        set(protocol.reader_features or ()) - _SUPPORTED_READER_FEATURES
-        | set(protocol.writer_features or ()) - _SUPPORTED_WRITER_FEATURES
+        set(protocol.reader_features or ()) - SUPPORTED_READER_FEATURES
+        | set(protocol.writer_features or ()) - SUPPORTED_WRITER_FEATURES
     )
     if unsupported:
         raise UnsupportedTableFeatureError(
@@ -203,16 +255,23 @@ def check_writable(snapshot: Snapshot) -> None:
             "Refusing to write."
         )
     config = snapshot.configuration
-    checks = {
-        "delta.enableDeletionVectors": "deletion vectors",
-        "delta.enableChangeDataFeed": "change data feed",
-    }
-    for key, feature in checks.items():
-        if (config.get(key) or "false").lower() == "true":
-            raise UnsupportedTableFeatureError(
-                f"Table `{path}` has {feature} enabled ({key}=true); streaming_merge does not support "
-                f"{feature} yet and refuses to write. Disable it with ALTER TABLE ... SET TBLPROPERTIES."
-            )
+    if is_enabled(config, "delta.enableDeletionVectors") and not snapshot.has_deletion_vectors:
+        raise UnsupportedTableFeatureError(
+            f"Table `{path}` sets delta.enableDeletionVectors=true but its protocol (reader "
+            f"{protocol.min_reader_version} / writer {protocol.min_writer_version}) lacks the deletionVectors "
+            "feature; upgrade it with DeltaTable.enableDeletionVectors() first."
+        )
+    if is_enabled(config, "delta.enableChangeDataFeed"):
+        raise UnsupportedTableFeatureError(
+            f"Table `{path}` has change data feed enabled (delta.enableChangeDataFeed=true); streaming_merge "
+            "does not write change data yet and refuses to write. Disable it with ALTER TABLE ... SET "
+            "TBLPROPERTIES."
+        )
+    variants = [name for name, data_type in _field_types(snapshot.schema, "") if data_type.typeName() == "variant"]
+    if variants:
+        raise UnsupportedTableFeatureError(
+            f"Table `{path}` has VARIANT columns {variants}, which streaming_merge does not write; refusing to write."
+        )
     if (config.get("delta.columnMapping.mode") or "none").lower() != "none":
         raise UnsupportedTableFeatureError(
             f"Table `{path}` uses column mapping (delta.columnMapping.mode="
@@ -237,6 +296,20 @@ def check_writable(snapshot: Snapshot) -> None:
 _ENFORCED_FIELD_METADATA = frozenset(
     {"delta.generationExpression", "delta.identity.start", "delta.invariants"}
 )
+
+
+def _field_types(data_type: DataType, prefix: str) -> Iterator[tuple[str, DataType]]:
+    """(dotted name, type) of every field, nested ones included."""
+    if isinstance(data_type, StructType):
+        for field in data_type.fields:
+            name = f"{prefix}{field.name}"
+            yield name, field.dataType
+            yield from _field_types(field.dataType, f"{name}.")
+    elif isinstance(data_type, ArrayType):
+        yield from _field_types(data_type.elementType, f"{prefix}element.")
+    elif isinstance(data_type, MapType):
+        yield from _field_types(data_type.keyType, f"{prefix}key.")
+        yield from _field_types(data_type.valueType, f"{prefix}value.")
 
 
 def _field_metadata(data_type: DataType, prefix: str) -> Iterator[tuple[str, dict[str, Any]]]:

@@ -281,7 +281,6 @@ def _refused(path: str) -> str:
     ("configuration", "named"),
     [
         ({"delta.enableChangeDataFeed": "true"}, "delta.enableChangeDataFeed"),
-        ({"delta.enableDeletionVectors": "true"}, "deletionVectors"),
         ({"delta.columnMapping.mode": "name"}, "delta.columnMapping.mode=name"),
         ({"delta.columnMapping.mode": "id"}, "delta.columnMapping.mode=id"),
     ],
@@ -299,8 +298,8 @@ def test_check_writable_refuses_check_constraints(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(
-    "feature", ["ChangeDataFeed", "CheckConstraints", "ColumnMapping", "DeletionVectors", "DomainMetadata",
-                "GeneratedColumns", "IdentityColumns", "RowTracking", "V2Checkpoint", "VariantType"],
+    "feature", ["ChangeDataFeed", "CheckConstraints", "ColumnMapping", "DomainMetadata",
+                "GeneratedColumns", "IdentityColumns", "RowTracking", "V2Checkpoint"],
 )
 def test_check_writable_refuses_table_features(tmp_path: Path, feature: str) -> None:
     table = _delta_rs_table(tmp_path / "t")
@@ -308,6 +307,16 @@ def test_check_writable_refuses_table_features(tmp_path: Path, feature: str) -> 
                                         allow_protocol_versions_increase=True)
     protocol_name = feature[0].lower() + feature[1:]
     assert protocol_name in _refused(table)
+
+
+def test_check_writable_accepts_a_delta_rs_deletion_vector_table(tmp_path: Path) -> None:
+    """delta-rs gives a DV table the features deletionVectors, variantType, invariants and
+    appendOnly; none asks anything of us while no column uses it, so MERGE may write there."""
+    table = _delta_rs_table(tmp_path / "t", configuration={"delta.enableDeletionVectors": "true"})
+    snapshot = load_snapshot(table)
+    assert {"deletionVectors", "variantType"} <= set(snapshot.protocol.writer_features)
+    check_writable(snapshot)
+    assert snapshot.writes_deletion_vectors
 
 
 def test_check_writable_refuses_generated_and_nested_invariant_columns(tmp_path: Path) -> None:

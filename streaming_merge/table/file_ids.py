@@ -22,8 +22,8 @@ import xxhash
 from pyspark.sql import Column, SparkSession
 from pyspark.sql import functions as F
 
-from streaming_merge.table.scan import FILE_PATH_COL, FILE_SIZE_COL, spark_file_paths
 from streaming_merge.table.snapshot import DataFile, Snapshot
+from streaming_merge.table.spark_paths import FILE_PATH_COL, FILE_SIZE_COL, spark_file_paths
 
 # A file's id is its size (>= 0), or for a file sharing its size a hash of its path with the
 # sign bit set (< 0, never -1), or, when those hashes collide, -2 - its position: -1 is no
@@ -81,22 +81,32 @@ class FileIds:
     def _path_positions(self) -> frozenset[int]:
         return frozenset(self.by_path.values())
 
-    def column(self) -> Column:
-        """The id of a scanned row's file, from FILE_SIZE_COL and, for the shared sizes only,
-        FILE_PATH_COL. A row of a file no candidate is gets an id :meth:`position` does not
-        know (or, in the map lookup, fails the query) rather than another file's."""
-        size = F.col(FILE_SIZE_COL)
+    def id_of(self, position: int, size: int, spark_path: str | None) -> int:
+        """The id :meth:`column` gives the rows of the candidate at ``position`` (its ``size``
+        and, for a shared size, its path as Spark reports it)."""
+        if size not in self.shared_sizes:
+            return size
+        if self.by_hash:
+            assert spark_path is not None
+            return path_hash_id(spark_path)
+        return _FIRST_PATH_ID - position
+
+    def column(self, size_column: str = FILE_SIZE_COL, path_column: str = FILE_PATH_COL) -> Column:
+        """The id of a scanned row's file, from its file size column and, for the shared sizes
+        only, its file path column. A row of a file no candidate is gets an id :meth:`position`
+        does not know (or, in the map lookup, fails the query) rather than another file's."""
+        size = F.col(size_column)
         if not self.needs_paths:
             return size
         if self.by_hash:
-            by_path = F.xxhash64(F.col(FILE_PATH_COL)).bitwiseOR(F.lit(_LONG_MIN))
+            by_path = F.xxhash64(F.col(path_column)).bitwiseOR(F.lit(_LONG_MIN))
         else:
             ids = F.from_json(F.lit(json.dumps({p: _FIRST_PATH_ID - i for p, i in self.by_path.items()})),
                               "map<string,bigint>")
             by_path = F.coalesce(
-                F.try_element_at(ids, F.col(FILE_PATH_COL)),
-                F.raise_error(F.concat(F.lit("MERGE scanned a file it did not select: "), F.col(FILE_PATH_COL))))
+                F.try_element_at(ids, F.col(path_column)),
+                F.raise_error(F.concat(F.lit("MERGE scanned a file it did not select: "), F.col(path_column))))
         # One SQL literal list, not a Column per size (three JVM calls each); Spark turns it into
         # a hash set past 10 values.
-        shared = F.expr(f"`{FILE_SIZE_COL}` IN ({', '.join(map(str, self.shared_sizes))})")
+        shared = F.expr(f"{size_column} IN ({', '.join(map(str, self.shared_sizes))})")
         return F.when(shared, by_path).otherwise(size)

@@ -1,0 +1,114 @@
+"""Applying deletion vectors to a Spark scan, inside the JVM and without a join.
+
+A scan keeps a row unless its file's deletion vector holds the row's ``_metadata.row_index``.
+The test must cost little per row whatever the number of files, and no Spark job: a broadcast
+anti-join of the deleted positions costs a job of its own and a hash probe of two keys a row.
+Instead the driver turns each vector into a plain bitset (one bit per row of its file) and the
+scan looks bits up with array arithmetic that Spark folds into constants and compiles:
+
+    position = array_position(<ids of the files with a vector>, <the row's file id>)
+    deleted  = position > 0 AND (bits[base[position] + row_index / 64] >>> (row_index % 64)) & 1 = 1
+
+The file id is a number Spark reads per file for free (its size, or a hash of its path where
+sizes repeat; streaming_merge.table.file_ids), so the lookup is a scan of a short primitive
+array and one array read. The bitsets cost one bit per row of the files that have a vector,
+shipped once per stage; the decoded vectors are cached by their immutable ids.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections import OrderedDict
+from collections.abc import Sequence
+
+import numpy as np
+from pyspark.sql import Column, SparkSession
+from pyspark.sql import functions as F
+
+from streaming_merge.table.deletion_vectors import DeletionVector, read_deleted_rows
+from streaming_merge.table.file_ids import FileIds
+from streaming_merge.table.snapshot import DataFile, Snapshot
+from streaming_merge.table.spark_paths import spark_file_paths
+
+_CACHE_BYTES = 256 * 1024 * 1024
+_cache: OrderedDict[tuple[str, str, str], np.ndarray] = OrderedDict()
+_cache_bytes = 0
+_lock = threading.Lock()
+
+
+def deleted_positions(snapshot: Snapshot, file: DataFile) -> np.ndarray:
+    """The row indexes of ``file`` that its deletion vector deletes, ascending (int64)."""
+    assert file.deletion_vector is not None
+    return _positions(snapshot.location.log_uri, snapshot.location.options, file.path, file.deletion_vector)
+
+
+def _positions(table_url: str, options: dict[str, str] | None, path: str, vector: DeletionVector) -> np.ndarray:
+    global _cache_bytes
+    key = (table_url, path, vector.unique_id)
+    with _lock:
+        cached = _cache.get(key)
+        if cached is not None:
+            _cache.move_to_end(key)
+            return cached
+    positions = np.asarray(read_deleted_rows(table_url, options, path, vector).to_array(), dtype=np.int64)
+    with _lock:
+        _cache[key] = positions
+        _cache_bytes += positions.nbytes
+        while _cache_bytes > _CACHE_BYTES and len(_cache) > 1:
+            _, evicted = _cache.popitem(last=False)
+            _cache_bytes -= evicted.nbytes
+    return positions
+
+
+def bitset_words(positions: np.ndarray, num_records: int) -> np.ndarray:
+    """The positions as 64-bit words, bit ``i % 64`` of word ``i // 64`` set for a deleted row."""
+    mask = np.zeros(max(num_records, int(positions.max()) + 1 if len(positions) else 0), dtype=bool)
+    mask[positions] = True
+    packed = np.packbits(mask, bitorder="little")
+    padded = np.zeros(-(-len(packed) // 8) * 8, dtype=np.uint8)
+    padded[: len(packed)] = packed
+    return padded.view("<i8")
+
+
+def deleted_row_column(spark: SparkSession, snapshot: Snapshot, files: Sequence[DataFile],
+                       size_column: str, path_column: str, row_index_column: str) -> Column | None:
+    """True for a row that the deletion vector of its file deletes (None when no file of the
+    scan has one). ``files`` are every file the scan reads: the ids tell them all apart."""
+    with_vectors = [i for i, f in enumerate(files) if f.deletion_vector is not None]
+    if not with_vectors:
+        return None
+    ids = FileIds.of(spark, snapshot, files)
+    shared = [i for i in with_vectors if files[i].size in ids.shared_sizes]
+    spark_paths = dict(zip(shared, spark_file_paths(spark, snapshot.location, [files[i] for i in shared]),
+                           strict=True)) if shared and ids.by_hash else {}
+    file_ids: list[int] = []
+    bases: list[int] = []
+    words: list[np.ndarray] = []
+    next_base = 1  # element_at is 1-based
+    for i in with_vectors:
+        file = files[i]
+        file_ids.append(ids.id_of(i, file.size, spark_paths.get(i)))
+        bits = bitset_words(deleted_positions(snapshot, file), file.num_records or 0)
+        bases.append(next_base)
+        words.append(bits)
+        next_base += len(bits)
+    all_words = np.concatenate(words) if words else np.zeros(0, dtype="<i8")
+    return _lookup(ids.column(size_column, path_column), row_index_column, file_ids, bases, all_words)
+
+
+def _lookup(file_id: Column, row_index_column: str, file_ids: list[int], bases: list[int],
+            words: np.ndarray) -> Column:
+    position = F.array_position(_long_array(file_ids), file_id)
+    row = F.col(row_index_column)
+    word = F.element_at(_long_array(bases), position.cast("int")) + F.shiftright(row, 6)
+    # The SQL function takes the shift as a column (PySpark's wrapper only as a number).
+    bit = F.call_function("shiftrightunsigned", F.element_at(_long_array(words.tolist()), word.cast("int")),
+                          row.bitwiseAND(F.lit(63)).cast("int")).bitwiseAND(F.lit(1))
+    return F.when(position > 0, bit == 1).otherwise(F.lit(False))
+
+
+def _long_array(values: list[int]) -> Column:
+    """A constant array of longs: one JSON literal Spark parses once while optimizing, not a
+    Column per element (three JVM calls each)."""
+    return F.from_json(F.lit(json.dumps(values)), "array<bigint>")
