@@ -54,7 +54,7 @@ def scan_files(
     table_schema = schema or snapshot.schema
     partition_columns = snapshot.partition_columns
     if not files:
-        return _empty(spark, table_schema, with_row_id)
+        return _empty(spark, table_schema, with_row_id, with_file_size)
 
     file_schema = data_columns(table_schema, partition_columns)
     paths = [snapshot.absolute_path(f.path) for f in files]
@@ -151,10 +151,12 @@ def _partition_value_columns(
     return columns
 
 
-def _empty(spark: SparkSession, schema: StructType, with_row_id: bool) -> DataFrame:
+def _empty(spark: SparkSession, schema: StructType, with_row_id: bool, with_file_size: bool = False) -> DataFrame:
     fields = list(schema.fields)
     frame = spark.createDataFrame([], StructType(fields))
     if with_row_id:
         frame = frame.select("*", F.lit(None).cast("string").alias(FILE_PATH_COL),
                              F.lit(None).cast("long").alias(ROW_INDEX_COL))
+    if with_file_size:
+        frame = frame.select("*", F.lit(None).cast("long").alias(FILE_SIZE_COL))
     return frame

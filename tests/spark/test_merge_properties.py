@@ -6,8 +6,11 @@ the result). Hand-written cases cover each rule once; this test throws hundreds 
 combinations at the engine and checks every one against ``merge_model.apply_merge``.
 
 Per example: create the target with ``DeltaTable.createFromDataFrame`` in a fresh temp folder,
-run one or two merges, and after each compare
-  (a) the rows read back by delta-rs (independent of our reader) with the model's, as multisets;
+twice: a copy-on-write table and a deletion-vector table (``delta.enableDeletionVectors``, where
+MERGE marks replaced rows in deletion vectors and writes only the changed rows); run one or two
+merges on each, and after each compare
+  (a) the rows read back by delta-rs (independent of our reader; its DataFusion scan, which
+      applies deletion vectors) with the model's, as multisets;
   (b) our own reader (``DeltaTable.forPath(...).toDF()``) with the delta-rs read, and the schema
       with the one the table was created with;
   (c) the row-count metrics with the model's counts (numTargetRowsCopied and the file metrics
@@ -32,6 +35,7 @@ from contextlib import contextmanager
 from typing import Any
 
 import deltalake
+import pyarrow as pa
 import pytest
 from hypothesis import HealthCheck, currently_in_test_context, example, given, note, settings
 from pyspark.sql import DataFrame, SparkSession
@@ -121,7 +125,12 @@ def assert_same_rows(actual: Sequence[Row], expected: Sequence[Row], what: str) 
 
 
 def delta_rs_rows(path: str) -> list[Row]:
-    return deltalake.DeltaTable(path).to_pyarrow_table().to_pylist()
+    """The table read by delta-rs' DataFusion scan, which applies deletion vectors."""
+    table = pa.table(deltalake.DeltaTable(path).scan())
+    return table.select(list(COLUMNS)).to_pylist()
+
+
+DELETION_VECTORS = {"delta.enableDeletionVectors": "true"}
 
 
 def delta_rs_state(path: str) -> tuple[int, str]:
@@ -129,10 +138,17 @@ def delta_rs_state(path: str) -> tuple[int, str]:
     return table.version(), table.schema().to_json()
 
 
-def run_merge(spark: SparkSession, path: str, step: MergeStep) -> Mapping[str, Any]:
+def run_merge(spark: SparkSession, path: str, step: MergeStep, deletion_vectors: bool = False) -> Mapping[str, Any]:
     builder = DeltaTable.forPath(spark, path).alias("t").merge(source_df(spark, step).alias("s"), step.on.sql)
     for clause in step.clauses:
         builder = clause.add_to(builder)
+    if deletion_vectors:
+        # One pass that writes the changed rows and finds the rows to mark deleted; with an odd
+        # number of source rows the target is streamed past the broadcast source and the inserts
+        # are written by a second job (a large target's plan).
+        if len(step.source) % 2:
+            builder = builder.withOptions(broadcast_scan_min_bytes=0)
+        return builder.execute()
     # Which plan runs depends on the case only (so shrinking keeps it), and every plan faces the model.
     if len(step.source) % 2:
         # Odd numbers of source rows: Delta's two passes, finding the touched files the way a large
@@ -167,9 +183,10 @@ def run_merge(spark: SparkSession, path: str, step: MergeStep) -> Mapping[str, A
     return builder.execute()
 
 
-def check_step(spark: SparkSession, path: str, before: list[Row], step: MergeStep) -> list[Row]:
+def check_step(spark: SparkSession, path: str, before: list[Row], step: MergeStep,
+               deletion_vectors: bool = False) -> list[Row]:
     """Run one merge, check it against the model, and return the table's rows afterwards."""
-    report(f"MERGE step:\n{step!r}")
+    report(f"MERGE step{' (deletion vectors)' if deletion_vectors else ''}:\n{step!r}")
     version_before, schema = delta_rs_state(path)
     try:
         expected_rows, counts = apply_merge(before, step.source, step.on, step.clauses, columns=COLUMNS)
@@ -177,20 +194,27 @@ def check_step(spark: SparkSession, path: str, before: list[Row], step: MergeSte
         # The engine may skip the conflicting row's file by the MATCHED conditions' target-only
         # parts (then the row is copied unchanged) or see it and raise: either is Delta's behaviour.
         try:
-            metrics = run_merge(spark, path, step)
+            metrics = run_merge(spark, path, step, deletion_vectors)
         except MultipleSourceRowMatchingTargetRowError as raised:
             check_failed(path, before, version_before, schema, raised)
             return before
-        return check_succeeded(spark, path, before, version_before, schema, metrics, outcome.rows, outcome.counts)
+        return check_succeeded(spark, path, before, version_before, schema, metrics, outcome.rows, outcome.counts,
+                               deletion_vectors and not step_acts_on_unmatched_target(step))
     except (MultipleMatches, InvalidClauses) as outcome:
         multiple = isinstance(outcome, MultipleMatches)
         expected_error = MultipleSourceRowMatchingTargetRowError if multiple else MergeAnalysisError
         with pytest.raises(expected_error) as raised:
-            run_merge(spark, path, step)
+            run_merge(spark, path, step, deletion_vectors)
         check_failed(path, before, version_before, schema, raised.value)
         return before
-    metrics = run_merge(spark, path, step)
-    return check_succeeded(spark, path, before, version_before, schema, metrics, expected_rows, counts)
+    metrics = run_merge(spark, path, step, deletion_vectors)
+    return check_succeeded(spark, path, before, version_before, schema, metrics, expected_rows, counts,
+                           deletion_vectors and not step_acts_on_unmatched_target(step))
+
+
+def step_acts_on_unmatched_target(step: MergeStep) -> bool:
+    """NOT MATCHED BY SOURCE clauses: the MERGE rewrites the candidates even on a DV table."""
+    return any(clause.kind == "not_matched_by_source" for clause in step.clauses)
 
 
 def check_failed(path: str, before: list[Row], version_before: int, schema: str, error: BaseException) -> None:
@@ -204,7 +228,8 @@ def check_failed(path: str, before: list[Row], version_before: int, schema: str,
 
 
 def check_succeeded(spark: SparkSession, path: str, before: list[Row], version_before: int, schema: str,
-                    metrics: Mapping[str, Any], expected_rows: list[Row], counts: Mapping[str, int]) -> list[Row]:
+                    metrics: Mapping[str, Any], expected_rows: list[Row], counts: Mapping[str, int],
+                    merge_on_read: bool = False) -> list[Row]:
     """The table and the metrics after a merge that went through agree with the model."""
     version_after, schema_after = delta_rs_state(path)
 
@@ -224,6 +249,9 @@ def check_succeeded(spark: SparkSession, path: str, before: list[Row], version_b
     assert not metrics["skipped"]
     unchanged = len(before) - counts["numTargetRowsUpdated"] - counts["numTargetRowsDeleted"]
     assert 0 <= metrics["numTargetRowsCopied"] <= unchanged, metrics
+    if merge_on_read:  # deletion vectors: no row is copied, only updated and inserted rows are written
+        assert metrics["numTargetRowsCopied"] == 0, metrics
+        assert metrics["numTargetFilesAdded"] <= counts["numTargetRowsUpdated"] + counts["numTargetRowsInserted"], metrics
     assert metrics["numTargetFilesRemoved"] >= 0 and metrics["numTargetFilesAdded"] >= 0, metrics
     assert version_after in (version_before, version_before + 1)
     if counts["num_affected_rows"]:
@@ -235,13 +263,17 @@ def check_succeeded(spark: SparkSession, path: str, before: list[Row], version_b
 
 def check_case(spark: SparkSession, case: MergeCase) -> None:
     report(repr(case))
-    with fresh_table_path() as path:
+    with fresh_table_path() as path, fresh_table_path() as dv_path:
         partition_by = ["p"] if case.partitioned else None
         DeltaTable.createFromDataFrame(target_df(spark, case), path, partitionBy=partition_by)
+        DeltaTable.createFromDataFrame(target_df(spark, case), dv_path, partitionBy=partition_by,
+                                       properties=DELETION_VECTORS)
         rows = delta_rs_rows(path)
         assert_same_rows(rows, list(case.target), "createFromDataFrame did not store the target rows")
+        dv_rows = list(rows)
         for step in case.steps:
             rows = check_step(spark, path, rows, step)
+            dv_rows = check_step(spark, dv_path, dv_rows, step, deletion_vectors=True)
 
 
 # --- explicit examples: each row of the semantics table, run before the random ones -----------

@@ -1,0 +1,253 @@
+"""Deletion vectors end to end: tables Delta Lake on Spark wrote, MERGEs that write DVs, the
+protocol upgrade, conflicts, and a process killed between writing a DV file and committing.
+
+Every table is read back by delta-rs' DataFusion reader (``QueryBuilder``, which applies DVs)
+and by our own reader, and the two must agree with the expected rows.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import textwrap
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import deltalake
+import pyarrow as pa
+import pytest
+from pyspark.sql import SparkSession
+
+from streaming_merge import DeltaTable
+from streaming_merge.errors import (
+    ConcurrentModificationError,
+    MultipleSourceRowMatchingTargetRowError,
+    UnsupportedTableFeatureError,
+)
+from streaming_merge.table.snapshot import load_snapshot
+
+FIXTURES = Path(__file__).resolve().parents[2].parent / "shared" / "fixtures" / "delta-tables"
+DELETION_VECTORS = {"delta.enableDeletionVectors": "true"}
+
+
+def delta_rs_rows(path: str | Path, version: int | None = None) -> Counter[tuple[Any, ...]]:
+    """The table as delta-rs' DataFusion engine reads it (deletion vectors applied)."""
+    table = deltalake.DeltaTable(str(path), version=version)
+    read = pa.table(deltalake.QueryBuilder().register("t", table).execute("SELECT * FROM t"))
+    columns = [f.name for f in table.schema().fields]
+    return Counter(tuple(row[c] for c in columns) for row in read.to_pylist())
+
+
+def our_rows(spark: SparkSession, path: str | Path, version: int | None = None) -> Counter[tuple[Any, ...]]:
+    return Counter(tuple(row) for row in DeltaTable.forPath(spark, str(path)).toDF(version).collect())
+
+
+def fixture_copy(name: str, tmp_path: Path) -> Path:
+    """A writable copy (shared/ is read-only in CI)."""
+    copy = tmp_path / name
+    shutil.copytree(FIXTURES / name, copy)
+    return copy
+
+
+@pytest.mark.parametrize("name", ["table-with-dv-small", "table-with-dv-large"])
+def test_reads_of_delta_lake_dv_tables_equal_delta_rs_at_every_version(spark: SparkSession, name: str) -> None:
+    path = FIXTURES / name
+    latest = deltalake.DeltaTable(str(path)).version()
+    counts = []
+    for version in range(latest + 1):
+        expected = delta_rs_rows(path, version)
+        assert our_rows(spark, path, version) == expected, f"version {version}"
+        counts.append(sum(expected.values()))
+    assert counts == {"table-with-dv-small": [10, 8], "table-with-dv-large": [2000, 1995, 1997, 1991, 1993]}[name]
+
+
+def test_merge_into_a_delta_lake_dv_table_adds_dvs_beside_its_own(spark: SparkSession, tmp_path: Path) -> None:
+    path = fixture_copy("table-with-dv-large", tmp_path)
+    before = delta_rs_rows(path)
+    files_before = {f.path: f.deletion_vector for f in load_snapshot(str(path)).files}
+    values = sorted(v for (v,) in before)
+    updated, deleted = values[:: 97][:12], values[5:: 211][:6]
+    source = spark.createDataFrame([(v, "update") for v in updated if v not in deleted]
+                                   + [(v, "delete") for v in deleted] + [(-1, "update"), (-2, "update")],
+                                   "value int, op string")
+    metrics = (DeltaTable.forPath(spark, str(path)).alias("t").merge(source.alias("s"), "t.value = s.value")
+               .whenMatchedDelete("s.op = 'delete'")
+               .whenMatchedUpdate(set={"value": "-t.value"})
+               .whenNotMatchedInsert(values={"value": "s.value"})
+               .execute())
+
+    expected = Counter(before)
+    for v in deleted:
+        del expected[(v,)]
+    for v in updated:
+        if v not in deleted:
+            del expected[(v,)]
+            expected[(-v,)] += 1
+    expected.update({(-1,): 1, (-2,): 1})
+    assert delta_rs_rows(path) == expected == our_rows(spark, path)
+    assert metrics["numTargetRowsCopied"] == 0 and metrics["numTargetFilesRemoved"] == 0
+    assert metrics["numTargetRowsDeleted"] == len(deleted)
+    assert metrics["numTargetRowsUpdated"] == len(set(updated) - set(deleted))
+    assert metrics["numTargetRowsInserted"] == 2
+    files_after = {f.path: f.deletion_vector for f in load_snapshot(str(path)).files}
+    changed = {p for p in files_before if files_after.get(p) != files_before[p]}
+    had_dv = {p for p in changed if files_before[p] is not None}
+    assert changed and had_dv, "the MERGE must touch files that already carried Delta's own DVs"
+    assert metrics["numTargetDeletionVectorsUpdated"] == len(had_dv)
+    assert metrics["numTargetDeletionVectorsAdded"] == len(changed - had_dv)
+    # untouched files keep Delta's DVs exactly as they were
+    assert all(files_after[p] == dv for p, dv in files_before.items() if p not in changed)
+
+
+def _dv_table(spark: SparkSession, path: str, rows: int = 400, files: int = 4) -> DeltaTable:
+    frame = spark.range(0, rows).selectExpr("id AS k", "id * 10 AS v", "CAST(id % 7 AS STRING) AS w")
+    return DeltaTable.createFromDataFrame(frame.repartition(files), path, properties=DELETION_VECTORS)
+
+
+def test_upsert_writes_only_changed_rows_and_time_travel_reads_each_version(spark: SparkSession,
+                                                                           tmp_path: Path) -> None:
+    path = str(tmp_path / "t")
+    table = _dv_table(spark, path)
+    original = {f.path for f in load_snapshot(path).files}
+    protocol = load_snapshot(path).protocol
+    assert (protocol.min_reader_version, protocol.min_writer_version) == (3, 7)
+    assert "deletionVectors" in protocol.reader_features and "deletionVectors" in protocol.writer_features
+    source = spark.createDataFrame([(k, -k, "x") for k in [*range(0, 400, 40), 1000, 1001]], "k long, v long, w string")
+    metrics = (table.alias("t").merge(source.alias("s"), "t.k = s.k").whenMatchedUpdateAll()
+               .whenNotMatchedInsertAll().execute())
+    assert (metrics["numTargetRowsUpdated"], metrics["numTargetRowsInserted"], metrics["numTargetRowsCopied"]) == (
+        10, 2, 0)
+    assert metrics["numTargetFilesRemoved"] == 0 and metrics["numTargetDeletionVectorsAdded"] >= 1
+    # the new files hold exactly the 12 changed rows
+    added = [f for f in load_snapshot(path).files if f.path not in original]
+    assert sum(f.num_records or 0 for f in added) == 12
+    expected = Counter((k, k * 10, str(k % 7)) for k in range(400) if k % 40)
+    expected.update((k, -k, "x") for k in [*range(0, 400, 40), 1000, 1001])
+    assert delta_rs_rows(path) == expected == our_rows(spark, path)
+    assert our_rows(spark, path, 0) == delta_rs_rows(path, 0)
+    assert sum(our_rows(spark, path, 0).values()) == 400
+
+    # a second MERGE deletes rows of files that already have a DV: the DV is updated, not added
+    again = spark.createDataFrame([(k,) for k in range(1, 400, 40)], "k long")
+    metrics = table.alias("t").merge(again.alias("s"), "t.k = s.k").whenMatchedDelete().execute()
+    assert metrics["numTargetRowsDeleted"] == 10 and metrics["numTargetDeletionVectorsUpdated"] >= 1
+    for k in range(1, 400, 40):
+        del expected[(k, k * 10, str(k % 7))]
+    assert delta_rs_rows(path) == expected == our_rows(spark, path)
+
+
+def test_a_file_whose_rows_are_all_deleted_is_removed(spark: SparkSession, tmp_path: Path) -> None:
+    path = str(tmp_path / "t")
+    table = _dv_table(spark, path, rows=40, files=1)
+    everything = spark.range(0, 40).selectExpr("id AS k")
+    metrics = table.alias("t").merge(everything.alias("s"), "t.k = s.k").whenMatchedDelete().execute()
+    assert metrics["numTargetFilesRemoved"] == 1 and metrics["numTargetDeletionVectorsAdded"] == 0
+    assert load_snapshot(path).files == [] and delta_rs_rows(path) == Counter()
+
+
+def test_multiple_matches_raise_delta_error_and_leave_nothing(spark: SparkSession, tmp_path: Path) -> None:
+    path = str(tmp_path / "t")
+    table = _dv_table(spark, path, rows=20, files=2)
+    before = (deltalake.DeltaTable(path).version(), sorted(os.listdir(path)))
+    twice = spark.createDataFrame([(3, 1), (3, 2), (4, 1)], "k long, v long")
+    with pytest.raises(MultipleSourceRowMatchingTargetRowError, match="multiple source rows matched"):
+        table.alias("t").merge(twice.alias("s"), "t.k = s.k").whenMatchedUpdate(set={"v": "s.v"}).execute()
+    assert (deltalake.DeltaTable(path).version(), sorted(os.listdir(path))) == before
+
+
+def test_enabling_dvs_on_an_existing_table_upgrades_the_protocol(spark: SparkSession, tmp_path: Path) -> None:
+    path = str(tmp_path / "t")
+    frame = spark.range(0, 50).selectExpr("id AS k", "id AS v")
+    table = DeltaTable.createFromDataFrame(frame.coalesce(1), path)
+    assert load_snapshot(path).writes_deletion_vectors is False
+    version = table.enableDeletionVectors()
+    snapshot = load_snapshot(path)
+    assert version == 1 and snapshot.writes_deletion_vectors
+    assert (snapshot.protocol.min_reader_version, snapshot.protocol.min_writer_version) == (3, 7)
+    # the features writer version 2 implied stay, now listed
+    assert {"appendOnly", "invariants", "deletionVectors"} <= set(snapshot.protocol.writer_features)
+    table.alias("t").merge(spark.createDataFrame([(7, -7)], "k long, v long").alias("s"), "t.k = s.k") \
+        .whenMatchedUpdateAll().execute()
+    assert [f.deletion_vector is not None for f in load_snapshot(path).files].count(True) == 1
+    assert delta_rs_rows(path) == our_rows(spark, path) == Counter((k, -k if k == 7 else k) for k in range(50))
+    with pytest.raises(Exception, match="change data feed"):
+        table.setProperties({"delta.enableChangeDataFeed": "true"})
+    assert deltalake.DeltaTable(path).version() == 2
+
+
+def test_an_unknown_writer_feature_is_refused_before_anything_is_written(spark: SparkSession,
+                                                                        tmp_path: Path) -> None:
+    path = fixture_copy("table-with-dv-small", tmp_path)
+    log = path / "_delta_log" / f"{2:020d}.json"
+    log.write_text(json.dumps({"commitInfo": {"timestamp": 1, "operation": "UPGRADE"}}) + "\n" + json.dumps(
+        {"protocol": {"minReaderVersion": 3, "minWriterVersion": 7, "readerFeatures": ["deletionVectors"],
+                      "writerFeatures": ["deletionVectors", "rowTracking"]}}) + "\n")
+    source = spark.createDataFrame([(1,)], "value int")
+    with pytest.raises(UnsupportedTableFeatureError, match="rowTracking"):
+        DeltaTable.forPath(spark, str(path)).alias("t").merge(source.alias("s"), "t.value = s.value") \
+            .whenMatchedDelete().execute()
+    assert deltalake.DeltaTable(str(path)).version() == 2
+
+
+def test_a_concurrent_dv_change_to_a_file_read_is_a_conflict(spark: SparkSession, tmp_path: Path) -> None:
+    path = str(tmp_path / "t")
+    table = _dv_table(spark, path, rows=40, files=1)
+    first = spark.createDataFrame([(1,)], "k long")
+    second = spark.createDataFrame([(2,)], "k long")
+
+    def concurrent_delete() -> None:  # commits while the outer MERGE waits to commit
+        table.alias("t").merge(second.alias("s"), "t.k = s.k").whenMatchedDelete().execute()
+
+    with pytest.raises(ConcurrentModificationError, match="removed files"):
+        table.alias("t").merge(first.alias("s"), "t.k = s.k").whenMatchedDelete() \
+            .withOptions(before_commit=concurrent_delete).execute()
+    assert delta_rs_rows(path) == our_rows(spark, path) == Counter(
+        (k, k * 10, str(k % 7)) for k in range(40) if k != 2)
+    orphans = [n for n in os.listdir(path) if n.startswith("deletion_vector_")]
+    assert len(orphans) == 1, "the failed MERGE must delete the DV file it wrote"
+
+
+_KILLED_MERGE = textwrap.dedent("""
+    import os, signal, sys
+    import streaming_merge.merge.command as command
+    from streaming_merge import DeltaTable
+    from streaming_merge.session import local_session
+
+    def killed(request):  # the data files and the DV file are written: die before the commit
+        marker = sys.argv[2]
+        open(marker, "w").write(",".join(sorted(os.listdir(sys.argv[1]))))
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    command.commit = killed
+    spark = local_session("killed-merge", "local[1]", shuffle_partitions=1)
+    source = spark.createDataFrame([(k, -k, "x") for k in range(0, 40, 4)] + [(999, 0, "new")],
+                                   "k long, v long, w string")
+    (DeltaTable.forPath(spark, sys.argv[1]).alias("t").merge(source.alias("s"), "t.k = s.k")
+     .whenMatchedUpdateAll().whenNotMatchedInsertAll().execute())
+""")
+
+
+@pytest.mark.slow
+def test_sigkill_between_the_dv_write_and_the_commit_loses_nothing(spark: SparkSession, tmp_path: Path) -> None:
+    path = str(tmp_path / "t")
+    _dv_table(spark, path, rows=40, files=2)
+    before = delta_rs_rows(path)
+    marker = tmp_path / "written"
+    run = subprocess.run([sys.executable, "-c", _KILLED_MERGE, path, str(marker)], capture_output=True, text=True,
+                         timeout=300, cwd=Path(__file__).resolve().parents[2])
+    assert run.returncode == -signal.SIGKILL, run.stderr[-2000:]
+    written_before_kill = marker.read_text().split(",")
+    assert any(n.startswith("deletion_vector_") for n in written_before_kill), written_before_kill
+    # nothing visible: same version, same rows, for delta-rs and for us
+    assert deltalake.DeltaTable(path).version() == 0
+    assert delta_rs_rows(path) == before == our_rows(spark, path)
+    # and the table takes the same MERGE afterwards
+    source = spark.createDataFrame([(k, -k, "x") for k in range(0, 40, 4)], "k long, v long, w string")
+    DeltaTable.forPath(spark, path).alias("t").merge(source.alias("s"), "t.k = s.k").whenMatchedUpdateAll().execute()
+    expected = Counter((k, -k, "x") if k % 4 == 0 else (k, k * 10, str(k % 7)) for k in range(40))
+    assert delta_rs_rows(path) == expected == our_rows(spark, path)
