@@ -103,6 +103,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="parquet: a Parquet folder (materialized, like a micro-batch); local: Arrow data")
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--deletion-vectors", action="store_true",
+                        help="turn deletion vectors on in the target (merge-on-read: the MERGE marks replaced rows "
+                             "in DVs and writes only the changed rows)")
     parser.add_argument("--option", action="append", default=[], metavar="NAME=VALUE",
                         help="a MergeOptions field (an integer, or text such as materialize_source=none); "
                              "compared against the defaults")
@@ -123,6 +126,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         master = work / "master"
         write_target(make_target(args.target_rows, 7), master, args.target_files)
+        if args.deletion_vectors:
+            from streaming_merge import DeltaTable
+
+            DeltaTable.forPath(spark, str(master)).enableDeletionVectors()
         batch = make_batch(args.target_rows, args.source_rows, args.key_dist, 7).table
         if args.kind == "insert":  # only new keys: nothing matches
             import pyarrow.compute as pc
@@ -167,7 +174,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _report(args: argparse.Namespace, rows: list[dict[str, Any]]) -> None:
     print(f"MERGE profile: {args.kind}, {args.source_rows:,} source rows ({args.source}) into "
-          f"{args.target_rows:,} rows in {args.target_files} files, {args.key_dist} keys; "
+          f"{args.target_rows:,} rows in {args.target_files} files{' with DVs' if args.deletion_vectors else ''}, "
+          f"{args.key_dist} keys; "
           f"median of {args.runs} runs after {args.warmup} warm-ups")
     names: list[str] = []
     for row in rows:

@@ -74,6 +74,8 @@ class ChangeSettings:
     apply_truncates: bool = False  # Debezium truncates truncate the table (else: dead letter)
     scd_type: int = 1
     track_history_except: list[str] | None = None  # SCD 2; default: the Debezium metadata columns
+    # New tables get deletion vectors: an upsert marks replaced rows instead of rewriting files
+    deletion_vectors: bool = False
 
 
 @dataclass(frozen=True)
@@ -97,7 +99,8 @@ def change_options(config: ChangeSettings) -> dict[str, Any]:
     options: dict[str, Any] = {
         "sequence_by": [*config.extra_sequence, *debezium.SEQUENCE_COLUMNS], "delete_when": debezium.DELETE_WHEN,
         "storage_options": config.storage_options, "ignore_null_updates": config.ignore_null_updates,
-        "unavailable_value": config.unavailable_value, "scd_type": config.scd_type}
+        "unavailable_value": config.unavailable_value, "scd_type": config.scd_type,
+        "table_properties": {"delta.enableDeletionVectors": "true"} if config.deletion_vectors else None}
     if config.apply_truncates:
         options["apply_as_truncates"] = debezium.TRUNCATE_WHEN
     if config.scd_type == 2:
@@ -324,6 +327,10 @@ def parse_args(argv: list[str] | None) -> tuple[IngestConfig | DatabaseConfig, s
     parser.add_argument("--track-history-except", default=None,
                         help="with --scd-type 2: comma-separated columns whose changes update the current version "
                         f"in place (default: {debezium.OP},{debezium.TS_MS})")
+    parser.add_argument("--deletion-vectors", action="store_true",
+                        help="create new target tables with deletion vectors (delta.enableDeletionVectors=true): "
+                        "each upsert marks the replaced rows deleted and writes only the changed rows, instead of "
+                        "rewriting the files it touches (existing tables keep their setting)")
     parser.add_argument("--spark-conf", action="append", default=[], metavar="KEY=VALUE",
                         help="Spark setting for the job's session, e.g. spark.hadoop.fs.s3a.endpoint=http://minio:9000 "
                         "(repeatable; under spark-submit use its own --conf)")
@@ -345,7 +352,7 @@ def parse_args(argv: list[str] | None) -> tuple[IngestConfig | DatabaseConfig, s
         extra_sequence=_names(args.sequence), storage_options=_key_values(parser, "--storage-option",
                                                                           args.storage_option),
         ignore_null_updates=args.ignore_null_updates, unavailable_value=args.unavailable_value or None,
-        apply_truncates=args.apply_truncates, scd_type=args.scd_type,
+        apply_truncates=args.apply_truncates, scd_type=args.scd_type, deletion_vectors=args.deletion_vectors,
         track_history_except=None if args.track_history_except is None else _names(args.track_history_except))
     keys = _names(args.keys or "")
     if bool(args.topics) == bool(args.subscribe_pattern):

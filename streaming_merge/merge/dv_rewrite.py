@@ -21,7 +21,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
-import pyarrow as pa
 from pyroaring import BitMap64
 from pyspark.sql import Column, DataFrame, Observation, SparkSession
 from pyspark.sql import functions as F
@@ -42,7 +41,7 @@ from streaming_merge.merge.rewrite import (
     write_frame,
 )
 from streaming_merge.merge.touched import FILE_ID_COL, MAX_REPORTED_ROWS, MULTIPLE_MATCH_MESSAGE, scan_with_file_ids
-from streaming_merge.table.dv_filter import deleted_positions
+from streaming_merge.table.dv_filter import bitset_membership, deleted_positions
 from streaming_merge.table.file_ids import FileIds
 from streaming_merge.table.snapshot import DataFile, Snapshot
 from streaming_merge.table.spark_paths import ROW_INDEX_COL
@@ -52,7 +51,6 @@ log = logging.getLogger(__name__)
 
 SOURCE_ROW_ID = "__sm_source_row_id__"
 _MATCHED = "matchedTargetRows"
-_MATCHED_ID = "__sm_matched_source_row__"
 
 
 @dataclass(frozen=True)
@@ -198,11 +196,19 @@ def _check_single_matches(snapshot: Snapshot, candidates: Sequence[DataFile], id
 
 def _write_inserts(spark: SparkSession, snapshot: Snapshot, src: DataFrame, resolved: ResolvedMerge,
                    layout: FileLayout, matched_rows: np.ndarray, counts: dict[str, int]) -> list[WrittenFile]:
-    """The source rows no target row matched, through the NOT MATCHED clauses, as new files."""
+    """The source rows no target row matched, through the NOT MATCHED clauses, as new files.
+
+    A source row's id is Spark's ``monotonically_increasing_id`` (its partition in the high bits,
+    its position in the partition below), the same in both jobs over the materialized source;
+    the matched ids are a constant bitset per partition (no broadcast, no join)."""
     unmatched = src
     if len(matched_rows):
-        ids = spark.createDataFrame(pa.table({_MATCHED_ID: pa.array(np.unique(matched_rows), pa.int64())}))
-        unmatched = src.join(F.broadcast(ids), F.col(SOURCE_ROW_ID) == F.col(_MATCHED_ID), "left_anti")
+        partitions = matched_rows >> _PARTITION_SHIFT
+        rows = matched_rows & _ROW_MASK
+        sets = {int(p): (rows[partitions == p], 0) for p in np.unique(partitions)}
+        row_id = F.col(SOURCE_ROW_ID)
+        matched = bitset_membership(F.shiftright(row_id, _PARTITION_SHIFT), row_id.bitwiseAND(F.lit(_ROW_MASK)), sets)
+        unmatched = src.filter(~matched)
     observation = Observation()
     action: Column = first_applicable(resolved, resolved.not_matched, DROP)
     output = observed_output(resolved, unmatched.withColumn(ACTION_COL, action), resolved.not_matched, False,
@@ -212,3 +218,8 @@ def _write_inserts(spark: SparkSession, snapshot: Snapshot, src: DataFrame, reso
     written = write_frame(spark, snapshot, output, resolved, layout)
     counts["numTargetRowsInserted"] = int(observed_values(observation).get("numTargetRowsInserted") or 0)
     return written
+
+
+# monotonically_increasing_id: the partition index above bit 33, the row's position below.
+_PARTITION_SHIFT = 33
+_ROW_MASK = (1 << _PARTITION_SHIFT) - 1

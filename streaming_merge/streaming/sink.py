@@ -146,6 +146,7 @@ class MergeSink:
         dead_letter: str | None = None,
         create_if_missing: bool = True,
         partition_by: Sequence[str] | None = None,
+        table_properties: Mapping[str, str] | None = None,
         tombstones: bool | str = True,
         tombstone_retention: dt.timedelta = dt.timedelta(days=7),
         tombstone_purge_every: int = 100,
@@ -208,6 +209,7 @@ class MergeSink:
         self._dead_letter: TableLocation | None = None
         self._create_if_missing = create_if_missing
         self._partition_by = list(partition_by or [])
+        self._table_properties = dict(table_properties or {})
         self._merge_options = merge_options or MergeOptions()
         self._phase_hook = phase_hook
         self._auto_compact = auto_compact
@@ -625,7 +627,8 @@ class MergeSink:
             DeltaTable.forPath(spark, location)  # raises NotADeltaTableError naming the path
         columns = [c for c in source.columns if not c.startswith("__sm_")]
         DeltaTable.createFromDataFrame(source.select(*[f"`{c}`" for c in columns]).limit(0), location,
-                                       partitionBy=self._partition_by or None)
+                                       partitionBy=self._partition_by or None,
+                                       properties=self._table_properties or None)
 
     def _report(self, progress: MergeProgress) -> None:
         self._progress.add(progress)

@@ -20,7 +20,7 @@ from __future__ import annotations
 import json
 import threading
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 from pyspark.sql import Column, SparkSession
@@ -82,28 +82,30 @@ def deleted_row_column(spark: SparkSession, snapshot: Snapshot, files: Sequence[
     shared = [i for i in with_vectors if files[i].size in ids.shared_sizes]
     spark_paths = dict(zip(shared, spark_file_paths(spark, snapshot.location, [files[i] for i in shared]),
                            strict=True)) if shared and ids.by_hash else {}
-    file_ids: list[int] = []
+    sets = {ids.id_of(i, files[i].size, spark_paths.get(i)): (deleted_positions(snapshot, files[i]),
+                                                                files[i].num_records or 0) for i in with_vectors}
+    return bitset_membership(ids.column(size_column, path_column), F.col(row_index_column), sets)
+
+
+def bitset_membership(key: Column, row: Column, sets: Mapping[int, tuple[np.ndarray, int]]) -> Column:
+    """True where ``row`` is among the positions of the set of ``key`` (``sets``: key -> the
+    positions and a bound on them), as constant bitsets looked up in generated code: a scan of
+    the short array of keys and one array read a row, no join and no Spark job."""
+    keys: list[int] = []
     bases: list[int] = []
     words: list[np.ndarray] = []
     next_base = 1  # element_at is 1-based
-    for i in with_vectors:
-        file = files[i]
-        file_ids.append(ids.id_of(i, file.size, spark_paths.get(i)))
-        bits = bitset_words(deleted_positions(snapshot, file), file.num_records or 0)
+    for set_key, (positions, bound) in sets.items():
+        bits = bitset_words(positions, bound)
+        keys.append(set_key)
         bases.append(next_base)
         words.append(bits)
         next_base += len(bits)
     all_words = np.concatenate(words) if words else np.zeros(0, dtype="<i8")
-    return _lookup(ids.column(size_column, path_column), row_index_column, file_ids, bases, all_words)
-
-
-def _lookup(file_id: Column, row_index_column: str, file_ids: list[int], bases: list[int],
-            words: np.ndarray) -> Column:
-    position = F.array_position(_long_array(file_ids), file_id)
-    row = F.col(row_index_column)
+    position = F.array_position(_long_array(keys), key)
     word = F.element_at(_long_array(bases), position.cast("int")) + F.shiftright(row, 6)
     # The SQL function takes the shift as a column (PySpark's wrapper only as a number).
-    bit = F.call_function("shiftrightunsigned", F.element_at(_long_array(words.tolist()), word.cast("int")),
+    bit = F.call_function("shiftrightunsigned", F.element_at(_long_array(all_words.tolist()), word.cast("int")),
                           row.bitwiseAND(F.lit(63)).cast("int")).bitwiseAND(F.lit(1))
     return F.when(position > 0, bit == 1).otherwise(F.lit(False))
 
