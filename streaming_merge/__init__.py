@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from streaming_merge import errors
     from streaming_merge.delta_table import DeltaTable
+    from streaming_merge.dml import DmlMetrics
     from streaming_merge.merge.builder import DeltaMergeBuilder
     from streaming_merge.merge.command import MergeOptions
     from streaming_merge.merge.metrics import MergeMetrics
@@ -31,6 +32,7 @@ _HOMES = {
     "DeltaMergeBuilder": "streaming_merge.merge.builder",
     "DeltaOptimizeBuilder": "streaming_merge.optimize.builder",
     "DeltaTable": "streaming_merge.delta_table",
+    "DmlMetrics": "streaming_merge.dml",
     "MergeMetrics": "streaming_merge.merge.metrics",
     "MergeOptions": "streaming_merge.merge.command",
     "MergeProgress": "streaming_merge.streaming.progress",
@@ -45,6 +47,7 @@ __all__ = [
     "DeltaMergeBuilder",
     "DeltaOptimizeBuilder",
     "DeltaTable",
+    "DmlMetrics",
     "MergeMetrics",
     "MergeOptions",
     "MergeProgress",

@@ -7,6 +7,7 @@ from typing import Any
 
 from pyspark.sql import Column, DataFrame, SparkSession
 
+from streaming_merge.dml import DmlMetrics, run_delete, run_update
 from streaming_merge.merge.builder import DeltaMergeBuilder
 from streaming_merge.optimize.builder import DeltaOptimizeBuilder
 from streaming_merge.table.commit import history
@@ -89,6 +90,21 @@ class DeltaTable:
     def merge(self, source: DataFrame, condition: str | Column) -> DeltaMergeBuilder:
         """Start a MERGE of ``source`` into this table on ``condition``."""
         return DeltaMergeBuilder(self, source, condition)  # type: ignore[arg-type]
+
+    def delete(self, condition: str | Column | None = None) -> DmlMetrics:
+        """Delete the rows where ``condition`` holds (every row without one), as delta-spark's
+        ``delete``; returns Delta's DELETE metrics (delta-spark returns None) with
+        ``tableVersion`` None when no row matched (nothing is committed then). A table with
+        deletion vectors gets them (no file rewritten); any other has its touched files rewritten."""
+        return run_delete(self._spark, self.location, self.alias_name, condition)
+
+    def update(self, condition: str | Column | None = None,
+               set: Mapping[str, str | Column] | None = None) -> DmlMetrics:
+        """Set columns (``set``: column -> SQL expression or Column, cast to the column's type;
+        an overflow raises) on the rows where ``condition`` holds, as delta-spark's ``update``;
+        returns Delta's UPDATE metrics, ``tableVersion`` None when no row matched. A table with
+        deletion vectors gets the updated rows as new files and their old positions in DVs."""
+        return run_update(self._spark, self.location, self.alias_name, condition, set)
 
     def optimize(self) -> DeltaOptimizeBuilder:
         """Start an OPTIMIZE: ``.where(partition predicate)`` then ``.executeCompaction()``

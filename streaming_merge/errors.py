@@ -11,6 +11,7 @@ from __future__ import annotations
 __all__ = [
     "ConcurrentModificationError",
     "DeltaTableError",
+    "DmlAnalysisError",
     "MaterializedSourceLostError",
     "MergeAnalysisError",
     "MergeAssignmentOverflowError",
@@ -92,3 +93,9 @@ class VacuumRetentionError(StreamingMergeError):
     ``delta.deletedFileRetentionDuration`` (7 days by default) without
     ``enforce_retention_duration=False``: readers and writers still working on an older
     version could lose the files they need. Nothing was deleted."""
+
+
+class DmlAnalysisError(StreamingMergeError):
+    """Raised when a DELETE or UPDATE is invalid before it runs: a condition that cannot be
+    resolved or is not boolean, an assignment to a column the table does not have, a value
+    that cannot be stored in its column. The table is untouched."""

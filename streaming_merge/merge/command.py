@@ -84,8 +84,7 @@ from streaming_merge.merge.skipping import (
     source_stats_of,
 )
 from streaming_merge.merge.touched import TouchedFiles, find_touched_files, join_partitions
-from streaming_merge.table.commit import CommitRequest, add_columns, commit
-from streaming_merge.table.deletion_vectors import DeletionVector, delete_dv_file, write_deletion_vectors
+from streaming_merge.table.commit import CommitRequest, add_columns, commit_with_deletion_vectors
 from streaming_merge.table.file_ids import FileIds
 from streaming_merge.table.location import TableLocation
 from streaming_merge.table.schema import check_partition_columns
@@ -263,7 +262,7 @@ def run_merge(spark: SparkSession, request: MergeRequest) -> MergeMetrics:
                 return _run_once(spark, request, clauses, attempt, level, materializing)
             except Exception as exc:
                 if not is_lost_block_error(exc):
-                    raise _translate(exc) from exc
+                    raise translate_overflow(exc) from exc
                 lost = lost_rdd_ids(exc)
                 if lost and max(lost) < own_rdds_from:
                     # The blocks were the caller's (e.g. MergeSink's materialized batch), not a copy this
@@ -286,7 +285,7 @@ def run_merge(spark: SparkSession, request: MergeRequest) -> MergeMetrics:
     raise AssertionError("unreachable")
 
 
-def _translate(exc: Exception) -> Exception:
+def translate_overflow(exc: Exception) -> Exception:
     text = str(exc)
     if OVERFLOW_MARKER in text:
         start = text.find(f"[{OVERFLOW_MARKER}]")
@@ -537,7 +536,8 @@ def _commit_merge(spark: SparkSession, request: MergeRequest, snapshot: Snapshot
                   written: list[WrittenFile], removed: Sequence[DataFile],
                   vectors: Sequence[tuple[DataFile, BitMap64]], started: float, attempt: int) -> MergeMetrics:
     """Count the files, write the new deletion vectors and commit; on any failure the files and
-    the vectors this MERGE wrote are deleted again, so nothing of it lingers."""
+    the vectors this MERGE wrote are deleted again (commit_with_deletion_vectors), so nothing of
+    it lingers."""
     options = request.options
     metrics.update({
         "numTargetFilesRemoved": len(removed),
@@ -548,7 +548,6 @@ def _commit_merge(spark: SparkSession, request: MergeRequest, snapshot: Snapshot
         "numTargetPartitionsAddedTo": len({tuple(sorted(w.partition_values.items())) for w in written})
         if snapshot.partition_columns else 0,
     })
-    vector_file: str | None = None
     try:
         if options.before_commit is not None:
             options.before_commit()
@@ -556,14 +555,9 @@ def _commit_merge(spark: SparkSession, request: MergeRequest, snapshot: Snapshot
             commit_snapshot = snapshot
             if resolved.output_schema != snapshot.schema:
                 commit_snapshot = add_columns(snapshot, resolved.output_schema)
-            descriptors: list[DeletionVector] = []
-            if vectors:
-                stored = write_deletion_vectors(snapshot.location.log_uri, snapshot.location.options,
-                                                [bitmap for _, bitmap in vectors])
-                descriptors, vector_file = list(stored.descriptors), stored.file
             metrics["executionTimeMs"] = _millis_since(started)
             final = MergeMetrics(metrics, attempts=attempt)
-            version = commit(CommitRequest(
+            version = commit_with_deletion_vectors(spark, CommitRequest(
                 snapshot=commit_snapshot,
                 adds=written,
                 removes=list(removed),
@@ -574,12 +568,9 @@ def _commit_merge(spark: SparkSession, request: MergeRequest, snapshot: Snapshot
                 app_version=request.app_version,
                 read_files=candidates,
                 concurrent_append_filter=_append_filter(spark, skipping),
-                deletion_vectors=[(f, d) for (f, _), d in zip(vectors, descriptors, strict=True)],
-            ))
+            ), vectors)
     except BaseException:
-        delete_written(spark, snapshot.location, written)
-        if vector_file is not None:
-            delete_dv_file(snapshot.location.log_uri, snapshot.location.options, vector_file)
+        delete_written(spark, snapshot.location, written)  # also when before_commit or add_columns failed
         raise
     return MergeMetrics(metrics, attempts=attempt, table_version=version)
 

@@ -1,4 +1,9 @@
-"""Run a compaction: plan the bins, rewrite them in one Spark job, commit dataChange=false.
+"""Run a compaction or a purge: plan the bins, rewrite them in one Spark job, commit dataChange=false.
+
+A compaction (OPTIMIZE) rewrites the small files and those with many rows deleted by their
+deletion vectors; a purge (REORG ... APPLY (PURGE)) rewrites every file with a deletion vector.
+The scan applies the deletion vectors, so the new files hold only the live rows and carry no
+deletion vector; the commit removes each old file with its DV.
 
 The rewrite reads all the bins' files through one scan (one file listing) and gives every
 bin a branch of its own: the scan filtered to the bin's files (Spark prunes the other files
@@ -28,7 +33,7 @@ from pyspark.sql import functions as F
 
 from streaming_merge._profile import phase
 from streaming_merge._spark_conf import temporary_conf
-from streaming_merge.optimize.binpack import Bin, plan_bins
+from streaming_merge.optimize.binpack import Bin, plan_bins, plan_purge_bins
 from streaming_merge.optimize.metrics import FileSizeMetrics, OptimizeMetrics
 from streaming_merge.optimize.options import OptimizeOptions
 from streaming_merge.table.commit import CommitRequest, commit
@@ -39,6 +44,7 @@ from streaming_merge.table.write import delete_written, write_files
 log = logging.getLogger(__name__)
 
 OPERATION = "OPTIMIZE"
+PURGE_OPERATION = "REORG"
 
 
 def compact(
@@ -50,7 +56,8 @@ def compact(
     predicates: Sequence[str] = (),
     auto: bool = False,
 ) -> OptimizeMetrics:
-    """Compact the small files among ``considered`` (files of ``snapshot``); commit once.
+    """Compact the small files among ``considered`` (files of ``snapshot``), and those whose
+    deletion vector deletes too many of their rows; commit once.
 
     Nothing is written or committed when no bin has enough files; the metrics then carry
     ``tableVersion=None``.
@@ -59,17 +66,45 @@ def compact(
     check_writable(snapshot)
     target, min_size = options.sizes(snapshot.configuration)
     bins = plan_bins(considered, snapshot.partition_columns, max_file_size=target, min_file_size=min_size,
-                     min_num_files=options.min_num_files)
+                     min_num_files=options.min_num_files,
+                     max_deleted_rows_ratio=options.deleted_rows_ratio(spark))
+    return _rewrite(spark, snapshot, bins, considered, started, OPERATION,
+                    {"predicate": list(predicates), "zOrderBy": [], "auto": auto}, "compacting")
+
+
+def purge(
+    spark: SparkSession,
+    snapshot: Snapshot,
+    considered: Sequence[DataFile],
+    options: OptimizeOptions,
+    *,
+    predicates: Sequence[str] = (),
+) -> OptimizeMetrics:
+    """Rewrite every file with a deletion vector among ``considered`` into files without one
+    (Delta's ``REORG TABLE ... APPLY (PURGE)``), in bins up to the target size; commit once
+    (operation REORG). Nothing is committed when no file has a deletion vector."""
+    started = _now_ms()
+    check_writable(snapshot)
+    target, _ = options.sizes(snapshot.configuration)
+    bins = plan_purge_bins(considered, snapshot.partition_columns, max_file_size=target)
+    return _rewrite(spark, snapshot, bins, considered, started, PURGE_OPERATION,
+                    {"predicate": list(predicates), "applyPurge": True}, "purging")
+
+
+def _rewrite(spark: SparkSession, snapshot: Snapshot, bins: Sequence[Bin], considered: Sequence[DataFile],
+             started: int, operation: str, parameters: dict[str, object], verb: str) -> OptimizeMetrics:
+    """Write every bin as one new file and commit the swap (see the module docstring)."""
     removed = [f for b in bins for f in b.files]
     if not bins:
-        log.info("OPTIMIZE %s: nothing to compact among %d file(s)", snapshot.table_path, len(considered))
+        log.info("%s %s: nothing to rewrite among %d file(s)", operation, snapshot.table_path, len(considered))
         return _metrics(bins, removed, [], considered, started, None)
-    description = f"OPTIMIZE operation - compacting {len(removed)} files into {len(bins)}"
+    vectors_removed = sum(1 for f in removed if f.deletion_vector is not None)
+    description = f"{operation} operation - {verb} {len(removed)} files into {len(bins)}"
     with phase(spark, "optimize", description), _compaction_conf(spark):
         written = write_files(spark, bins_frame(spark, snapshot, bins), snapshot.location, snapshot.schema,
                               snapshot.partition_columns)
     if len(written) > len(bins):
-        log.warning("OPTIMIZE %s wrote %d files for %d bins (spark.sql.files.maxRecordsPerFile?)",
+        log.warning("%s %s wrote %d files for %d bins (spark.sql.files.maxRecordsPerFile?)", operation,
                     snapshot.table_path, len(written), len(bins))
     try:
         with phase(spark, "commit"):
@@ -78,9 +113,10 @@ def compact(
                 snapshot=snapshot,
                 adds=written,
                 removes=removed,
-                operation=OPERATION,
-                operation_parameters={"predicate": list(predicates), "zOrderBy": [], "auto": auto},
-                operation_metrics=provisional.commit_metrics(),
+                operation=operation,
+                operation_parameters=parameters,
+                # Delta's OPTIMIZE / REORG commits count the deletion vectors the rewrite dropped.
+                operation_metrics={**provisional.commit_metrics(), "numDeletionVectorsRemoved": vectors_removed},
                 read_files=removed,
                 data_change=False,
             ))
@@ -88,9 +124,9 @@ def compact(
         delete_written(spark, snapshot.location, written)
         raise
     result = _metrics(bins, removed, [w.size for w in written], considered, started, version)
-    log.info("OPTIMIZE %s v%d: %d file(s) (%d bytes) -> %d file(s) (%d bytes) in %d ms", snapshot.table_path,
-             version, result.numFilesRemoved, result.numBytesRemoved, result.numFilesAdded, result.numBytesAdded,
-             result.durationMs)
+    log.info("%s %s v%d: %d file(s) (%d bytes, %d with deletion vectors) -> %d file(s) (%d bytes) in %d ms",
+             operation, snapshot.table_path, version, result.numFilesRemoved, result.numBytesRemoved,
+             vectors_removed, result.numFilesAdded, result.numBytesAdded, result.durationMs)
     return result
 
 

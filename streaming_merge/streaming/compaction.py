@@ -8,8 +8,12 @@ has committed, the sink may compact:
 - ``min_small_files=M``: after any batch, the partitions this batch wrote to that now hold at
   least M small files (Delta's auto compaction threshold ``minNumFiles`` is 50).
 A small file is one below ``min_file_size`` (default half the target, as Delta's auto
-compaction); bins grow up to ``target_file_size`` (default the table's
-``delta.targetFileSize``, else 128 MB).
+compaction); a file whose deletion vector deletes more than ``max_deleted_rows_ratio`` of its
+rows (default the session's ``spark.databricks.delta.optimize.maxDeletedRowsRatio``, else 0.05)
+counts as one too, whatever its size, and is rewritten without its deleted rows. A batch
+"wrote to" a partition when it added a file there or gave one of its files a new deletion
+vector. Bins grow up to ``target_file_size`` (default the table's ``delta.targetFileSize``,
+else 128 MB).
 
 The compaction is a transaction of its own (OPTIMIZE, dataChange=false, ``auto`` = true in
 its operation parameters) after the batch's MERGE committed: it never reruns or changes the
@@ -54,6 +58,7 @@ class AutoCompact:
     target_file_size: int | None = None
     min_file_size: int | None = None
     min_num_files: int = DEFAULT_MIN_NUM_FILES
+    max_deleted_rows_ratio: float | None = None
 
     def __post_init__(self) -> None:
         if self.every_batches is None and self.min_small_files is None:
@@ -62,11 +67,12 @@ class AutoCompact:
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise ValueError(f"AutoCompact.{name} must be a positive integer, got {value}")
-        OptimizeOptions(min_num_files=self.min_num_files)  # validates it
+        OptimizeOptions(min_num_files=self.min_num_files, max_deleted_rows_ratio=self.max_deleted_rows_ratio)
 
     def optimize_options(self, configuration: dict[str, str | None]) -> OptimizeOptions:
         target, _ = OptimizeOptions(target_file_size=self.target_file_size).sizes(configuration)
-        return OptimizeOptions(target, self.min_file_size or max(1, target // 2), self.min_num_files)
+        return OptimizeOptions(target, self.min_file_size or max(1, target // 2), self.min_num_files,
+                               self.max_deleted_rows_ratio)
 
 
 def run_auto_compaction(spark: SparkSession, settings: AutoCompact, batch_id: int, before: Snapshot | None,
@@ -78,7 +84,7 @@ def run_auto_compaction(spark: SparkSession, settings: AutoCompact, batch_id: in
     try:
         latest = advance(before) if before is not None else load_snapshot(location)
         options = settings.optimize_options(latest.configuration)
-        chosen = _choose(settings, batch_id, before, latest, options)
+        chosen = _choose(settings, batch_id, before, latest, options, options.deleted_rows_ratio(spark))
         if chosen is None:
             return None
         trigger, considered, predicates = chosen
@@ -96,17 +102,18 @@ def run_auto_compaction(spark: SparkSession, settings: AutoCompact, batch_id: in
 
 
 def _choose(settings: AutoCompact, batch_id: int, before: Snapshot | None, latest: Snapshot,
-            options: OptimizeOptions) -> tuple[str, list[DataFile], list[str]] | None:
+            options: OptimizeOptions, max_deleted_rows_ratio: float) -> tuple[str, list[DataFile], list[str]] | None:
     """(trigger, files to consider, predicate text for the commit), or None."""
     if settings.every_batches is not None and (batch_id + 1) % settings.every_batches == 0:
         return "every_batches", list(latest.files), []
     if settings.min_small_files is None:
         return None
     columns = latest.partition_columns
-    known = {f.path for f in before.files} if before is not None else set()
-    touched = {partition_key(f, columns) for f in latest.files if f.path not in known}
+    # A file is its path and its deletion vector: one the batch gave a new DV is new too.
+    known = {f.key for f in before.files} if before is not None else set()
+    touched = {partition_key(f, columns) for f in latest.files if f.key not in known}
     _, min_size = options.sizes(latest.configuration)
-    counts = small_files_per_partition(latest.files, columns, min_size)
+    counts = small_files_per_partition(latest.files, columns, min_size, max_deleted_rows_ratio)
     hot = {key for key in touched if counts.get(key, 0) >= settings.min_small_files}
     if not hot:
         return None

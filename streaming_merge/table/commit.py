@@ -19,23 +19,25 @@ import logging
 import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 from urllib.parse import quote
 
 from deltalake.exceptions import CommitFailedError
 from deltalake.schema import Schema as RsSchema
 from deltalake.transaction import CommitProperties
+from pyroaring import BitMap64
+from pyspark.sql import SparkSession
 from pyspark.sql.types import StructType
 
 from streaming_merge.errors import ConcurrentModificationError, DeltaTableError
-from streaming_merge.table.deletion_vectors import DeletionVector
+from streaming_merge.table.deletion_vectors import DeletionVector, delete_dv_file, write_deletion_vectors
 from streaming_merge.table.location import TableRef
 from streaming_merge.table.protocol import Protocol
 from streaming_merge.table.schema import spark_to_delta_json
 from streaming_merge.table.snapshot import DataFile, Snapshot, advance, load_snapshot, open_table
 from streaming_merge.table.store import put_if_absent, table_store
-from streaming_merge.table.write import WrittenFile, partition_value_string
+from streaming_merge.table.write import WrittenFile, delete_written, partition_value_string
 
 log = logging.getLogger(__name__)
 
@@ -167,6 +169,27 @@ def _checkpoint_if_due(snapshot: Snapshot, version: int) -> None:
     except Exception as exc:
         log.warning("Checkpoint of %s at version %d failed (the commit stands): %s", snapshot.table_path,
                     version, exc)
+
+
+def commit_with_deletion_vectors(spark: SparkSession, request: CommitRequest,
+                                 vectors: Sequence[tuple[DataFile, BitMap64]]) -> int:
+    """Write the new deletion vectors (``vectors``: each kept file with all its deleted rows, in
+    one DV file) and commit them with ``request``; on any failure the request's new data files
+    and the DV file are deleted again, so nothing of the operation lingers."""
+    location = request.snapshot.location
+    vector_file: str | None = None
+    try:
+        if vectors:
+            stored = write_deletion_vectors(location.log_uri, location.options, [bitmap for _, bitmap in vectors])
+            vector_file = stored.file
+            request = replace(request, deletion_vectors=[
+                (f, d) for (f, _), d in zip(vectors, stored.descriptors, strict=True)])
+        return commit(request)
+    except BaseException:
+        delete_written(spark, location, list(request.adds))
+        if vector_file is not None:
+            delete_dv_file(location.log_uri, location.options, vector_file)
+        raise
 
 
 def add_columns(snapshot: Snapshot, evolved: StructType) -> Snapshot:

@@ -214,7 +214,7 @@ def test_a_concurrent_dv_change_to_a_file_read_is_a_conflict(spark: SparkSession
 
 _KILLED_MERGE = textwrap.dedent("""
     import os, signal, sys
-    import streaming_merge.merge.command as command
+    import streaming_merge.table.commit as table_commit
     from streaming_merge import DeltaTable
     from streaming_merge.session import local_session
 
@@ -223,7 +223,7 @@ _KILLED_MERGE = textwrap.dedent("""
         open(marker, "w").write(",".join(sorted(os.listdir(sys.argv[1]))))
         os.kill(os.getpid(), signal.SIGKILL)
 
-    command.commit = killed
+    table_commit.commit = killed
     spark = local_session("killed-merge", "local[1]", shuffle_partitions=1)
     source = spark.createDataFrame([(k, -k, "x") for k in range(0, 40, 4)] + [(999, 0, "new")],
                                    "k long, v long, w string")

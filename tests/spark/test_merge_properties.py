@@ -251,7 +251,8 @@ def check_succeeded(spark: SparkSession, path: str, before: list[Row], version_b
     assert 0 <= metrics["numTargetRowsCopied"] <= unchanged, metrics
     if merge_on_read:  # deletion vectors: no row is copied, only updated and inserted rows are written
         assert metrics["numTargetRowsCopied"] == 0, metrics
-        assert metrics["numTargetFilesAdded"] <= counts["numTargetRowsUpdated"] + counts["numTargetRowsInserted"], metrics
+        written_rows = counts["numTargetRowsUpdated"] + counts["numTargetRowsInserted"]
+        assert metrics["numTargetFilesAdded"] <= written_rows, metrics
     assert metrics["numTargetFilesRemoved"] >= 0 and metrics["numTargetFilesAdded"] >= 0, metrics
     assert version_after in (version_before, version_before + 1)
     if counts["num_affected_rows"]:

@@ -1,0 +1,119 @@
+"""DELETE: Delta's DeleteCommand on Spark, returning its metrics.
+
+Three cases, as Delta's:
+1. no condition, or a deterministic one over partition columns only: the matching files are
+   removed whole from what the log says (no Spark job when the log has every file's row count);
+2. a table with ``delta.enableDeletionVectors=true``: one job finds the matching rows'
+   positions (streaming_merge.dml._common.matching_rows); each touched file gets a deletion
+   vector holding them merged with its old one, or is removed when no live row is left. No
+   data file is read twice or rewritten;
+3. otherwise (copy-on-write): the same job, then the touched files that keep some rows are
+   rewritten without the deleted ones, in a second job. A file whose every row matches is
+   removed without being rewritten (beyond Delta, which rewrites it into nothing).
+No matching row: nothing is written and nothing committed.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import numpy as np
+from pyroaring import BitMap64
+from pyspark.sql import Column, SparkSession
+from pyspark.sql import functions as F
+
+from streaming_merge._interpreted import DEFAULT_INTERPRETED_MAX_ROWS, interpreted_if_small, rows_of
+from streaming_merge._profile import phase
+from streaming_merge.dml._common import (
+    DmlMetrics,
+    DmlPlan,
+    commit_changes,
+    file_metrics,
+    matching_rows,
+    millis_since,
+    plan_dml,
+    write_rows,
+)
+from streaming_merge.merge.dv_rewrite import deletion_vector_changes
+from streaming_merge.table.location import TableLocation
+from streaming_merge.table.snapshot import DataFile
+from streaming_merge.table.write import WrittenFile
+
+log = logging.getLogger(__name__)
+
+OPERATION = "DELETE"
+
+
+def run_delete(spark: SparkSession, location: TableLocation, alias: str,
+               condition: str | Column | None = None) -> DmlMetrics:
+    """Delete the rows of the table at ``location`` for which ``condition`` is true (every row
+    without one); returns Delta's DELETE metrics, ``tableVersion`` None when nothing matched."""
+    started = time.monotonic()
+    with phase(spark, "snapshot"):
+        plan, _ = plan_dml(spark, location, alias, condition, OPERATION)
+    candidates = plan.candidates
+    metrics: dict[str, int] = {}
+    written: list[WrittenFile] = []
+    vectors: list[tuple[DataFile, BitMap64]] = []
+    with interpreted_if_small(spark, rows_of([f.num_records for f in candidates]), DEFAULT_INTERPRETED_MAX_ROWS):
+        if plan.exact:
+            removed = [f for f in candidates if f.live_records != 0]
+            metrics["numDeletedRows"] = _rows_of_files(spark, plan, removed)
+            metrics["scanTimeMs"] = millis_since(started)
+        else:
+            with phase(spark, "findTouchedFiles",
+                       f"DELETE operation - finding the rows to delete in {len(candidates)} files"):
+                positions = matching_rows(spark, plan, candidates)
+            metrics["scanTimeMs"] = millis_since(started)
+            metrics["numDeletedRows"] = sum(len(rows) for rows in positions.values())
+            rewrite_started = time.monotonic()
+            if plan.snapshot.writes_deletion_vectors:
+                changes = deletion_vector_changes(plan.snapshot, candidates, positions)
+                removed, vectors = changes.removed, changes.vectors
+                metrics.update({name.replace("Target", ""): value for name, value in changes.metrics().items()})
+            else:
+                removed, written = _copy_on_write(spark, plan, positions)
+            metrics["rewriteTimeMs"] = millis_since(rewrite_started)
+    if not removed and not vectors:
+        log.info("DELETE on %s: no row matched; nothing committed", plan.snapshot.table_path)
+        return DmlMetrics(OPERATION, {**metrics, "executionTimeMs": millis_since(started)})
+    metrics.update(file_metrics(written, removed))
+    metrics["numCopiedRows"] = sum(w.num_records for w in written)
+    # A removed file's vector goes with it (counted by deletion_vector_changes on the DV path).
+    metrics.setdefault("numDeletionVectorsRemoved", sum(1 for f in removed if f.deletion_vector is not None))
+    metrics["executionTimeMs"] = millis_since(started)
+    provisional = DmlMetrics(OPERATION, metrics)
+    with phase(spark, "commit"):
+        version = commit_changes(
+            spark, plan, operation=OPERATION,
+            parameters={"predicate": [plan.predicate] if plan.predicate is not None else []},
+            metrics=provisional, written=written, removed=removed, vectors=vectors, read_files=candidates)
+    return DmlMetrics(OPERATION, metrics, version)
+
+
+def _rows_of_files(spark: SparkSession, plan: DmlPlan, files: list[DataFile]) -> int:
+    """The live rows of files removed whole: from the log, or counted by Spark for the files
+    the log has no row count for (written by a writer without stats)."""
+    unknown = [f for f in files if f.live_records is None]
+    counted = 0
+    if unknown:
+        with phase(spark, "countRemovedRows", f"DELETE operation - counting the rows of {len(unknown)} files"):
+            counted = plan.scan(spark, unknown).count()
+    return counted + sum(f.live_records or 0 for f in files)
+
+
+def _copy_on_write(spark: SparkSession, plan: DmlPlan, positions: dict[int, np.ndarray]
+                   ) -> tuple[list[DataFile], list[WrittenFile]]:
+    """Remove every touched file; rewrite those that keep a live row without the deleted ones.
+    The condition is evaluated again over those files (Delta's second pass): NULL keeps a row."""
+    assert plan.condition is not None
+    touched = [plan.candidates[p] for p in sorted(positions)]
+    kept = [plan.candidates[p] for p in sorted(positions)
+            if plan.candidates[p].live_records is None or len(positions[p]) < (plan.candidates[p].live_records or 0)]
+    if not kept:
+        return touched, []
+    frame = plan.scan(spark, kept).filter(~F.coalesce(plan.condition, F.lit(False)))
+    with phase(spark, "rewrite", f"DELETE operation - Rewriting {len(kept)} files"):
+        written = write_rows(spark, plan.snapshot, frame, kept, sum(f.size for f in kept))
+    return touched, written
