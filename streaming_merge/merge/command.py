@@ -460,7 +460,7 @@ def _merge(spark: SparkSession, request: MergeRequest, snapshot: Snapshot, resol
     # Generated code or not: known before any of the MERGE's own jobs (see streaming_merge._interpreted).
     rows_read = rows_of([stats.rows if stats is not None else None, *[f.num_records for f in candidates]])
     with interpreted_if_small(spark, rows_read, options.interpreted_max_rows):
-        if not clauses.is_insert_only and snapshot.writes_deletion_vectors and not resolved.not_matched_by_source:
+        if not clauses.is_insert_only and snapshot.writes_deletion_vectors:
             assert stats is not None
             metrics["numSourceRows"] = stats.rows
             metrics["scanTimeMs"] = 0

@@ -1,13 +1,14 @@
 """writeAllChanges with deletion vectors: a MERGE that writes only the rows it changes.
 
-On a table with ``delta.enableDeletionVectors=true``, a matched target row that a clause
-updates or deletes is marked deleted in its file's deletion vector, and only the updated and
-inserted rows are written, as new files. Untouched rows are never copied, so the cost follows
-the batch, not the size of the files it touches.
+On a table with ``delta.enableDeletionVectors=true``, a target row that a clause updates or
+deletes (WHEN MATCHED or WHEN NOT MATCHED BY SOURCE) is marked deleted in its file's deletion
+vector, and only the updated and inserted rows are written, as new files. Untouched rows are
+never copied, so the cost follows the batch, not the size of the files it touches.
 
 One Spark job joins the candidates' rows with the source and writes the new rows; the same
 job observes every matched pair as (file id, row index, whether a clause changed the row,
-source row id). The driver then checks for a target row matched twice (Delta's error, exactly
+source row id), and every unmatched target row a NOT MATCHED BY SOURCE clause changed. Those
+positions are bounded by the source's rows and the rows the MERGE changes, not by the table. The driver then checks for a target row matched twice (Delta's error, exactly
 as findTouchedFiles raises it), and builds each touched file's new deletion vector. Where the
 source is broadcast past a large target (no exchange of the target's rows), the inserts are
 the source rows no pair names, written by a second job.
@@ -113,30 +114,38 @@ def write_changes_with_deletion_vectors(
     ids = FileIds.of(spark, snapshot, candidates)
     target = scan_with_file_ids(spark, snapshot, candidates, resolved, ids, keep_row_index=True)
     inserts_apart = bool(resolved.not_matched) and broadcast_source and broadcast_scan
+    by_source = bool(resolved.not_matched_by_source)  # every candidate row joins, matched or not
     src = (source.withColumn(SOURCE_ROW_ID, F.monotonically_increasing_id())
            .alias(resolved.source_alias).withColumn(SOURCE_PRESENT, F.lit(True)))
     tgt = target.alias(resolved.target_alias).withColumn(TARGET_PRESENT, F.lit(True))
     if resolved.not_matched and not inserts_apart:
-        joined = tgt.join(src, resolved.condition, "right_outer")
-    else:
-        joined = tgt.join(F.broadcast(src) if broadcast_source else src, resolved.condition, "inner")
+        joined = tgt.join(src, resolved.condition, "full_outer" if by_source else "right_outer")
+    else:  # the target streams past the source, broadcast when it fits
+        joined = tgt.join(F.broadcast(src) if broadcast_source else src, resolved.condition,
+                          "left_outer" if by_source else "inner")
 
     source_present = F.col(SOURCE_PRESENT).isNotNull()
-    matched = source_present & F.col(TARGET_PRESENT).isNotNull()
-    action = (F.when(matched, first_applicable(resolved, resolved.matched, COPY))
+    target_present = F.col(TARGET_PRESENT).isNotNull()
+    action = (F.when(source_present & target_present, first_applicable(resolved, resolved.matched, COPY))
               .when(source_present, first_applicable(resolved, resolved.not_matched, DROP))
+              .when(target_present, first_applicable(resolved, resolved.not_matched_by_source, COPY))
               .otherwise(F.lit(DROP)))
     observation = Observation()
     counts = [action_count(resolved, codes_of(resolved.matched, delete=False), "numTargetRowsMatchedUpdated"),
               action_count(resolved, codes_of(resolved.matched, delete=True), "numTargetRowsMatchedDeleted"),
-              action_count(resolved, codes_of(resolved.not_matched, delete=False), "numTargetRowsInserted")]
+              action_count(resolved, codes_of(resolved.not_matched, delete=False), "numTargetRowsInserted"),
+              action_count(resolved, codes_of(resolved.not_matched_by_source, delete=False),
+                           "numTargetRowsNotMatchedBySourceUpdated"),
+              action_count(resolved, codes_of(resolved.not_matched_by_source, delete=True),
+                           "numTargetRowsNotMatchedBySourceDeleted")]
     pairs = resolved.derive(("dv-matched-pairs",), lambda: _matched_pairs_aggregate(resolved))
     output = observed_output(resolved, joined.withColumn(ACTION_COL, action), resolved.all, False,
                              [DROP, COPY, *codes_of(resolved.all, delete=True)], observation, counts, [pairs])
     written = write_frame(spark, snapshot, output, resolved, layout)
     try:
         values = observed_values(observation)
-        matches = _matched_pairs(values.pop(_MATCHED, None))
+        pairs_found = _matched_pairs(values.pop(_MATCHED, None))
+        matches = pairs_found[pairs_found[:, 3] >= 0]  # the unmatched target rows a clause changed: -1
         counts_found = {k: int(v or 0) for k, v in values.items()}
         if not resolved.clauses.is_only_one_unconditional_delete:
             _check_single_matches(snapshot, candidates, ids, matches)
@@ -147,7 +156,7 @@ def write_changes_with_deletion_vectors(
     except BaseException:
         delete_written(spark, snapshot.location, written)
         raise
-    changed = matches[matches[:, 2] == 1]
+    changed = pairs_found[pairs_found[:, 2] == 1]
     deleted: dict[int, np.ndarray] = {}
     for file_id in np.unique(changed[:, 0]):
         position = ids.position(int(file_id))
@@ -161,11 +170,17 @@ def write_changes_with_deletion_vectors(
 
 def _matched_pairs_aggregate(resolved: ResolvedMerge) -> RowAggregate:
     """Every matched pair as [file id, row index, 1 if a clause changed the row, source row id],
-    gathered as one JSON text (one value across py4j, not a proxy per element)."""
-    matched = F.col(SOURCE_PRESENT).isNotNull() & F.col(TARGET_PRESENT).isNotNull()
-    changed = F.when(F.col(ACTION_COL).isin([c.code for c in resolved.matched]), F.lit(1)).otherwise(F.lit(0))
+    and every unmatched target row a NOT MATCHED BY SOURCE clause changed as [file id, row
+    index, 1, -1], gathered as one JSON text (one value across py4j, not a proxy per element)."""
+    target_present = F.col(TARGET_PRESENT).isNotNull()
+    matched = F.col(SOURCE_PRESENT).isNotNull() & target_present
+    changing = [c.code for c in (*resolved.matched, *resolved.not_matched_by_source)]
+    changed = F.when(F.col(ACTION_COL).isin(changing), F.lit(1)).otherwise(F.lit(0))
+    by_source = [c.code for c in resolved.not_matched_by_source]
     pair = F.when(matched, F.array(F.col(FILE_ID_COL), F.col(ROW_INDEX_COL), changed.cast("long"),
-                                   F.col(SOURCE_ROW_ID)))
+                                   F.col(SOURCE_ROW_ID))).when(
+        target_present & F.col(ACTION_COL).isin(by_source),
+        F.array(F.col(FILE_ID_COL), F.col(ROW_INDEX_COL), F.lit(1).cast("long"), F.lit(-1).cast("long")))
     return RowAggregate(_MATCHED, pair, lambda column: F.to_json(F.collect_list(column)))
 
 
