@@ -8,8 +8,9 @@ never copied, so the cost follows the batch, not the size of the files it touche
 One Spark job joins the candidates' rows with the source and writes the new rows; the same
 job observes every matched pair as (file id, row index, whether a clause changed the row,
 source row id), and every unmatched target row a NOT MATCHED BY SOURCE clause changed. Those
-positions are bounded by the source's rows and the rows the MERGE changes, not by the table. The driver then checks for a target row matched twice (Delta's error, exactly
-as findTouchedFiles raises it), and builds each touched file's new deletion vector. Where the
+positions are bounded by the source's rows and the rows the MERGE changes, not by the table.
+The driver then checks for a target row matched twice (Delta's error, exactly as
+findTouchedFiles raises it), and builds each touched file's new deletion vector. Where the
 source is broadcast past a large target (no exchange of the target's rows), the inserts are
 the source rows no pair names, written by a second job.
 """
