@@ -27,6 +27,7 @@ from pyroaring import BitMap64
 from pyspark.sql import Column, DataFrame, Observation, SparkSession
 from pyspark.sql import functions as F
 
+from streaming_merge._profile import phase
 from streaming_merge.errors import MultipleSourceRowMatchingTargetRowError
 from streaming_merge.merge.resolve import SOURCE_PRESENT, TARGET_PRESENT, ResolvedMerge
 from streaming_merge.merge.rewrite import (
@@ -142,31 +143,45 @@ def write_changes_with_deletion_vectors(
     pairs = resolved.derive(("dv-matched-pairs",), lambda: _matched_pairs_aggregate(resolved))
     output = observed_output(resolved, joined.withColumn(ACTION_COL, action), resolved.all, False,
                              [DROP, COPY, *codes_of(resolved.all, delete=True)], observation, counts, [pairs])
-    written = write_frame(spark, snapshot, output, resolved, layout)
+    with phase(spark, "dvJoinWrite"):
+        written = write_frame(spark, snapshot, output, resolved, layout)
     try:
         values = observed_values(observation)
         pairs_found = _matched_pairs(values.pop(_MATCHED, None))
         matches = pairs_found[pairs_found[:, 3] >= 0]  # the unmatched target rows a clause changed: -1
         counts_found = {k: int(v or 0) for k, v in values.items()}
+        counts_found["numTargetRowsCopied"] = 0
         if not resolved.clauses.is_only_one_unconditional_delete:
             _check_single_matches(snapshot, candidates, ids, matches)
         else:  # a row matched twice is deleted once, and counted once (as Delta does)
             counts_found["numTargetRowsMatchedDeleted"] = len(np.unique(matches[:, :2], axis=0))
         if inserts_apart:
-            written += _write_inserts(spark, snapshot, src, resolved, layout, matches[:, 3], counts_found)
+            with phase(spark, "dvInserts", "MERGE operation - writing the source rows no target row matched"):
+                written += _write_inserts(spark, snapshot, src, resolved, layout, matches[:, 3], counts_found)
     except BaseException:
         delete_written(spark, snapshot.location, written)
         raise
+    with phase(spark, "dvVectors"):
+        return DvRewriteResult(written, counts_found,
+                               _changes(spark, snapshot, candidates, ids, pairs_found, written))
+
+
+def _changes(spark: SparkSession, snapshot: Snapshot, candidates: Sequence[DataFile], ids: FileIds,
+             pairs_found: np.ndarray, written: list[WrittenFile]) -> DeletionVectorChanges:
+    """The changed rows grouped by file (one sort, not a scan of every pair per file)."""
     changed = pairs_found[pairs_found[:, 2] == 1]
+    if not len(changed):
+        return DeletionVectorChanges([], [])
+    changed = changed[np.lexsort((changed[:, 1], changed[:, 0]))]
+    file_ids, starts = np.unique(changed[:, 0], return_index=True)
     deleted: dict[int, np.ndarray] = {}
-    for file_id in np.unique(changed[:, 0]):
+    for file_id, rows in zip(file_ids, np.split(changed[:, 1], starts[1:]), strict=True):
         position = ids.position(int(file_id))
         if position is None:
             delete_written(spark, snapshot.location, written)
             raise AssertionError(f"MERGE observed a file id that is no candidate's: {file_id}")
-        deleted[position] = np.unique(changed[changed[:, 0] == file_id, 1])
-    counts_found["numTargetRowsCopied"] = 0
-    return DvRewriteResult(written, counts_found, deletion_vector_changes(snapshot, candidates, deleted))
+        deleted[position] = np.unique(rows)
+    return deletion_vector_changes(snapshot, candidates, deleted)
 
 
 def _matched_pairs_aggregate(resolved: ResolvedMerge) -> RowAggregate:
