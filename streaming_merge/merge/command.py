@@ -468,8 +468,7 @@ def _merge(spark: SparkSession, request: MergeRequest, snapshot: Snapshot, resol
                                                  "candidate files as deletion vectors and new rows"):
                 changes = write_changes_with_deletion_vectors(
                     spark, snapshot, candidates, source, resolved, layout=_layout(options, [], source_bytes),
-                    broadcast_source=broadcast,
-                    broadcast_scan=metrics["numTargetBytesAfterSkipping"] >= options.broadcast_scan_min_bytes)
+                    broadcast_source=broadcast)
             metrics["rewriteTimeMs"] = _millis_since(scan_started)
             metrics.update(changes.counts)
             metrics.update(changes.changes.metrics())

@@ -11,23 +11,23 @@ source row id), and every unmatched target row a NOT MATCHED BY SOURCE clause ch
 positions are bounded by the source's rows and the rows the MERGE changes, not by the table.
 The driver then checks for a target row matched twice (Delta's error, exactly as
 findTouchedFiles raises it), and builds each touched file's new deletion vector. Where the
-source is broadcast past a large target (no exchange of the target's rows), the inserts are
-the source rows no pair names, written by a second job.
+source is broadcast, the target's rows stream past it (no target row crosses a shuffle) and the
+inserts are found in the same job (see _streamed_past_source).
 """
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 from pyroaring import BitMap64
-from pyspark.sql import Column, DataFrame, Observation, SparkSession
+from pyspark.sql import Column, DataFrame, Observation, SparkSession, Window
 from pyspark.sql import functions as F
 
 from streaming_merge._profile import phase
+from streaming_merge._slots import task_slots
 from streaming_merge.errors import MultipleSourceRowMatchingTargetRowError
 from streaming_merge.merge.resolve import SOURCE_PRESENT, TARGET_PRESENT, ResolvedMerge
 from streaming_merge.merge.rewrite import (
@@ -41,10 +41,11 @@ from streaming_merge.merge.rewrite import (
     first_applicable,
     observed_output,
     observed_values,
+    outputs,
     write_frame,
 )
 from streaming_merge.merge.touched import FILE_ID_COL, MAX_REPORTED_ROWS, MULTIPLE_MATCH_MESSAGE, scan_with_file_ids
-from streaming_merge.table.dv_filter import bitset_membership, deleted_positions
+from streaming_merge.table.dv_filter import deleted_positions
 from streaming_merge.table.file_ids import FileIds
 from streaming_merge.table.snapshot import DataFile, Snapshot
 from streaming_merge.table.spark_paths import ROW_INDEX_COL
@@ -54,6 +55,8 @@ log = logging.getLogger(__name__)
 
 SOURCE_ROW_ID = "__sm_source_row_id__"
 _MATCHED = "matchedTargetRows"
+_BRANCH = "__sm_joined_branch__"  # 1: a row of the join, 0: a source row (a possible insert)
+_JOINED = "__sm_source_row_joined__"
 
 
 @dataclass(frozen=True)
@@ -108,45 +111,28 @@ def write_changes_with_deletion_vectors(
     *,
     layout: FileLayout,
     broadcast_source: bool,
-    broadcast_scan: bool,
 ) -> DvRewriteResult:
     """Join the candidates with the source, write the updated and inserted rows, and return the
-    rows to mark deleted. ``broadcast_scan``: the source is broadcast and the candidates streamed
-    past it (a large target), the inserts then come from a second job."""
+    rows to mark deleted, in one Spark job (plus the broadcast's)."""
     ids = FileIds.of(spark, snapshot, candidates)
     target = scan_with_file_ids(spark, snapshot, candidates, resolved, ids, keep_row_index=True)
-    inserts_apart = bool(resolved.not_matched) and broadcast_source and broadcast_scan
-    by_source = bool(resolved.not_matched_by_source)  # every candidate row joins, matched or not
     src = (source.withColumn(SOURCE_ROW_ID, F.monotonically_increasing_id())
            .alias(resolved.source_alias).withColumn(SOURCE_PRESENT, F.lit(True)))
     tgt = target.alias(resolved.target_alias).withColumn(TARGET_PRESENT, F.lit(True))
-    if resolved.not_matched and not inserts_apart:
-        joined = tgt.join(src, resolved.condition, "full_outer" if by_source else "right_outer")
-    else:  # the target streams past the source, broadcast when it fits
-        joined = tgt.join(F.broadcast(src) if broadcast_source else src, resolved.condition,
-                          "left_outer" if by_source else "inner")
-
-    source_present = F.col(SOURCE_PRESENT).isNotNull()
-    target_present = F.col(TARGET_PRESENT).isNotNull()
-    action = (F.when(source_present & target_present, first_applicable(resolved, resolved.matched, COPY))
-              .when(source_present, first_applicable(resolved, resolved.not_matched, DROP))
-              .when(target_present, first_applicable(resolved, resolved.not_matched_by_source, COPY))
-              .otherwise(F.lit(DROP)))
-    observation = Observation()
-    counts = [action_count(resolved, codes_of(resolved.matched, delete=False), "numTargetRowsMatchedUpdated"),
-              action_count(resolved, codes_of(resolved.matched, delete=True), "numTargetRowsMatchedDeleted"),
-              action_count(resolved, codes_of(resolved.not_matched, delete=False), "numTargetRowsInserted"),
-              action_count(resolved, codes_of(resolved.not_matched_by_source, delete=False),
-                           "numTargetRowsNotMatchedBySourceUpdated"),
-              action_count(resolved, codes_of(resolved.not_matched_by_source, delete=True),
-                           "numTargetRowsNotMatchedBySourceDeleted")]
-    pairs = resolved.derive(("dv-matched-pairs",), lambda: _matched_pairs_aggregate(resolved))
-    output = observed_output(resolved, joined.withColumn(ACTION_COL, action), resolved.all, False,
-                             [DROP, COPY, *codes_of(resolved.all, delete=True)], observation, counts, [pairs])
+    observation, inserted = Observation(), Observation()
+    if broadcast_source:
+        output = _streamed_past_source(spark, resolved, tgt, src, layout, observation, inserted)
+    else:  # a source too large to broadcast: one shuffled join, source rows preserved for the inserts
+        join = ("full_outer" if resolved.not_matched else "left_outer") if resolved.not_matched_by_source else (
+            "right_outer" if resolved.not_matched else "inner")
+        with_action = tgt.join(src, resolved.condition, join).withColumn(ACTION_COL, _action(resolved))
+        output = observed_output(resolved, with_action, resolved.all, False,
+                                 [DROP, COPY, *codes_of(resolved.all, delete=True)], observation,
+                                 [*_target_counts(resolved), _inserted_count(resolved)], [_pairs(resolved)])
     with phase(spark, "dvJoinWrite"):
         written = write_frame(spark, snapshot, output, resolved, layout)
     try:
-        values = observed_values(observation)
+        values = {**observed_values(observation), **observed_values(inserted)}
         pairs_found = _matched_pairs(values.pop(_MATCHED, None))
         matches = pairs_found[pairs_found[:, 3] >= 0]  # the unmatched target rows a clause changed: -1
         counts_found = {k: int(v or 0) for k, v in values.items()}
@@ -155,15 +141,77 @@ def write_changes_with_deletion_vectors(
             _check_single_matches(snapshot, candidates, ids, matches)
         else:  # a row matched twice is deleted once, and counted once (as Delta does)
             counts_found["numTargetRowsMatchedDeleted"] = len(np.unique(matches[:, :2], axis=0))
-        if inserts_apart:
-            with phase(spark, "dvInserts", "MERGE operation - writing the source rows no target row matched"):
-                written += _write_inserts(spark, snapshot, src, resolved, layout, matches[:, 3], counts_found)
     except BaseException:
         delete_written(spark, snapshot.location, written)
         raise
     with phase(spark, "dvVectors"):
         return DvRewriteResult(written, counts_found,
                                _changes(spark, snapshot, candidates, ids, pairs_found, written))
+
+
+def _streamed_past_source(spark: SparkSession, resolved: ResolvedMerge, tgt: DataFrame, src: DataFrame,
+                          layout: FileLayout, observation: Observation, inserted: Observation) -> DataFrame:
+    """The rows to write when the source is broadcast and the target's rows stream past it, so
+    that no target row crosses a shuffle: the joined rows (matched, and with NOT MATCHED BY
+    SOURCE clauses the unmatched target rows) give the updates; the inserts are the source rows
+    that no target row joined, found in the same job by meeting the joined rows' source row ids
+    with the source's own rows in a shuffle of the source's size, not the target's."""
+    target_side = [*resolved.matched, *resolved.not_matched_by_source]
+    joined = tgt.join(F.broadcast(src), resolved.condition,
+                      "left_outer" if resolved.not_matched_by_source else "inner").withColumn(ACTION_COL,
+                                                                                              _action(resolved))
+    pairs = _pairs(resolved)
+    narrow = joined.select(*outputs(resolved, target_side, False), F.col(ACTION_COL), F.col(SOURCE_ROW_ID),
+                           pairs.value.alias(pairs.input_column))
+    observed = narrow.observe(observation, *_target_counts(resolved),
+                              pairs.aggregate(F.col(pairs.input_column)).alias(pairs.name))
+    names = [f"`{f.name}`" for f in resolved.output_schema.fields]
+    update_codes = codes_of(target_side, delete=False)
+    # With no update clause nothing of the join is written, but the job must still read every row
+    # for the observation: a filter Spark can prove false would make it drop the whole subtree.
+    updated = F.col(ACTION_COL).isin(update_codes) if update_codes else F.spark_partition_id() < 0
+    unmatched_target = observed.filter(F.col(SOURCE_ROW_ID).isNull() & updated).select(*names)
+    if not resolved.not_matched:
+        written = observed.filter(F.col(SOURCE_ROW_ID).isNotNull() & updated).select(*names)
+        return written.unionByName(unmatched_target) if resolved.not_matched_by_source else written
+    joined_rows = observed.filter(F.col(SOURCE_ROW_ID).isNotNull()).select(
+        *names, F.col(ACTION_COL), F.col(SOURCE_ROW_ID), F.lit(1).alias(_BRANCH))
+    source_rows = (src.withColumn(ACTION_COL, first_applicable(resolved, resolved.not_matched, DROP))
+                   .select(*outputs(resolved, resolved.not_matched, False), F.col(ACTION_COL), F.col(SOURCE_ROW_ID),
+                           F.lit(0).alias(_BRANCH)))
+    row_id = F.col(SOURCE_ROW_ID)
+    met = (joined_rows.unionByName(source_rows).repartition(max(1, layout.files(task_slots(spark))), row_id)
+           .withColumn(_JOINED, F.max(_BRANCH).over(Window.partitionBy(row_id))))
+    is_insert = (F.col(_BRANCH) == 0) & (F.col(_JOINED) == 0) & (F.col(ACTION_COL) != DROP)
+    kept = met.filter(((F.col(_BRANCH) == 1) & updated) | is_insert).observe(
+        inserted, F.sum(F.when(is_insert, 1).otherwise(0)).alias("numTargetRowsInserted")).select(*names)
+    return kept.unionByName(unmatched_target) if resolved.not_matched_by_source else kept
+
+
+def _action(resolved: ResolvedMerge) -> Column:
+    source_present = F.col(SOURCE_PRESENT).isNotNull()
+    target_present = F.col(TARGET_PRESENT).isNotNull()
+    return (F.when(source_present & target_present, first_applicable(resolved, resolved.matched, COPY))
+            .when(source_present, first_applicable(resolved, resolved.not_matched, DROP))
+            .when(target_present, first_applicable(resolved, resolved.not_matched_by_source, COPY))
+            .otherwise(F.lit(DROP)))
+
+
+def _target_counts(resolved: ResolvedMerge) -> list[Column]:
+    return [action_count(resolved, codes_of(resolved.matched, delete=False), "numTargetRowsMatchedUpdated"),
+            action_count(resolved, codes_of(resolved.matched, delete=True), "numTargetRowsMatchedDeleted"),
+            action_count(resolved, codes_of(resolved.not_matched_by_source, delete=False),
+                         "numTargetRowsNotMatchedBySourceUpdated"),
+            action_count(resolved, codes_of(resolved.not_matched_by_source, delete=True),
+                         "numTargetRowsNotMatchedBySourceDeleted")]
+
+
+def _inserted_count(resolved: ResolvedMerge) -> Column:
+    return action_count(resolved, codes_of(resolved.not_matched, delete=False), "numTargetRowsInserted")
+
+
+def _pairs(resolved: ResolvedMerge) -> RowAggregate:
+    return resolved.derive(("dv-matched-pairs",), lambda: _matched_pairs_aggregate(resolved))
 
 
 def _changes(spark: SparkSession, snapshot: Snapshot, candidates: Sequence[DataFile], ids: FileIds,
@@ -187,7 +235,7 @@ def _changes(spark: SparkSession, snapshot: Snapshot, candidates: Sequence[DataF
 def _matched_pairs_aggregate(resolved: ResolvedMerge) -> RowAggregate:
     """Every matched pair as [file id, row index, 1 if a clause changed the row, source row id],
     and every unmatched target row a NOT MATCHED BY SOURCE clause changed as [file id, row
-    index, 1, -1], gathered as one JSON text (one value across py4j, not a proxy per element)."""
+    index, 1, -1], gathered as one text (see _as_text)."""
     target_present = F.col(TARGET_PRESENT).isNotNull()
     matched = F.col(SOURCE_PRESENT).isNotNull() & target_present
     changing = [c.code for c in (*resolved.matched, *resolved.not_matched_by_source)]
@@ -197,19 +245,28 @@ def _matched_pairs_aggregate(resolved: ResolvedMerge) -> RowAggregate:
                                    F.col(SOURCE_ROW_ID))).when(
         target_present & F.col(ACTION_COL).isin(by_source),
         F.array(F.col(FILE_ID_COL), F.col(ROW_INDEX_COL), F.lit(1).cast("long"), F.lit(-1).cast("long")))
-    return RowAggregate(_MATCHED, pair, lambda column: F.to_json(F.collect_list(column)))
+    return RowAggregate(_MATCHED, pair, _as_text)
+
+
+def _as_text(pairs: Column) -> Column:
+    """The pairs, flattened, as one comma-separated text: a single value across py4j, which numpy
+    parses at C speed (a JSON list of lists took 0.2 s for 80k pairs, in Python objects)."""
+    return F.concat_ws(",", F.flatten(F.collect_list(pairs)).cast("array<string>"))
 
 
 def _matched_pairs(observed: object) -> np.ndarray:
     """The observed pairs as an (n, 4) array of (file id, row index, changed, source row id)."""
     if not observed:
         return np.zeros((0, 4), dtype=np.int64)
-    return np.asarray(json.loads(str(observed)), dtype=np.int64).reshape(-1, 4)
+    return np.fromstring(str(observed), dtype=np.int64, sep=",").reshape(-1, 4)
 
 
 def _check_single_matches(snapshot: Snapshot, candidates: Sequence[DataFile], ids: FileIds,
                           matches: np.ndarray) -> None:
     """Delta's multiple-match rule: every ON match counts, whatever the clause conditions."""
+    ordered = matches[np.lexsort((matches[:, 1], matches[:, 0])), :2]
+    if not ((ordered[1:] == ordered[:-1]).all(axis=1)).any():  # no pair twice: the usual case, one sort
+        return
     rows, counts = np.unique(matches[:, :2], axis=0, return_counts=True)
     twice = np.nonzero(counts > 1)[0]
     if not len(twice):
@@ -223,34 +280,3 @@ def _check_single_matches(snapshot: Snapshot, candidates: Sequence[DataFile], id
                         for key, count in offending)
     raise MultipleSourceRowMatchingTargetRowError(
         f"{MULTIPLE_MATCH_MESSAGE} Offending target rows (up to {MAX_REPORTED_ROWS}): {listing}.", offending)
-
-
-def _write_inserts(spark: SparkSession, snapshot: Snapshot, src: DataFrame, resolved: ResolvedMerge,
-                   layout: FileLayout, matched_rows: np.ndarray, counts: dict[str, int]) -> list[WrittenFile]:
-    """The source rows no target row matched, through the NOT MATCHED clauses, as new files.
-
-    A source row's id is Spark's ``monotonically_increasing_id`` (its partition in the high bits,
-    its position in the partition below), the same in both jobs over the materialized source;
-    the matched ids are a constant bitset per partition (no broadcast, no join)."""
-    unmatched = src
-    if len(matched_rows):
-        partitions = matched_rows >> _PARTITION_SHIFT
-        rows = matched_rows & _ROW_MASK
-        sets = {int(p): (rows[partitions == p], 0) for p in np.unique(partitions)}
-        row_id = F.col(SOURCE_ROW_ID)
-        matched = bitset_membership(F.shiftright(row_id, _PARTITION_SHIFT), row_id.bitwiseAND(F.lit(_ROW_MASK)), sets)
-        unmatched = src.filter(~matched)
-    observation = Observation()
-    action: Column = first_applicable(resolved, resolved.not_matched, DROP)
-    output = observed_output(resolved, unmatched.withColumn(ACTION_COL, action), resolved.not_matched, False,
-                             [DROP], observation,
-                             [action_count(resolved, codes_of(resolved.not_matched, delete=False),
-                                           "numTargetRowsInserted")])
-    written = write_frame(spark, snapshot, output, resolved, layout)
-    counts["numTargetRowsInserted"] = int(observed_values(observation).get("numTargetRowsInserted") or 0)
-    return written
-
-
-# monotonically_increasing_id: the partition index above bit 33, the row's position below.
-_PARTITION_SHIFT = 33
-_ROW_MASK = (1 << _PARTITION_SHIFT) - 1

@@ -143,11 +143,12 @@ def run_merge(spark: SparkSession, path: str, step: MergeStep, deletion_vectors:
     for clause in step.clauses:
         builder = clause.add_to(builder)
     if deletion_vectors:
-        # One pass that writes the changed rows and finds the rows to mark deleted; with an odd
-        # number of source rows the target is streamed past the broadcast source and the inserts
-        # are written by a second job (a large target's plan).
+        # One job that writes the changed rows and finds the rows to mark deleted: the target
+        # streamed past the broadcast source (the inserts met with the joined rows by source row
+        # id), or, with an odd number of source rows, a shuffled join (a source too large to
+        # broadcast).
         if len(step.source) % 2:
-            builder = builder.withOptions(broadcast_scan_min_bytes=0)
+            builder = builder.withOptions(broadcast_source_bytes=-1)
         return builder.execute()
     # Which plan runs depends on the case only (so shrinking keeps it), and every plan faces the model.
     if len(step.source) % 2:
