@@ -7,6 +7,10 @@ embedded broker → ``jobs.kafka_cdc_ingest`` → Delta, side by side in one run
     # sustained end to end: events/s and per-batch latency p50/p95 over large batches
     python -m bench.kafka_ingest_bench --parts e2e --events 200000 --max-offsets-per-trigger 100000
 
+    # into a pre-built 1M-row target, 5k-record batches: copy-on-write against deletion vectors
+    python -m bench.kafka_ingest_bench --parts e2e --target-rows 1000000 --ab --events 100000 \
+        --max-offsets-per-trigger 5000
+
 **Clients and source** (``--parts clients,source``): a topic of ``--source-records`` records
 (~200-byte Debezium-like JSON values, string keys, a header on every 50th record) over
 ``--partitions`` partitions, produced in batches (the last record of each partition alone in
@@ -55,9 +59,25 @@ job once with ``availableNow`` and reports:
   timestamp to the moment the batch's Delta commit returned. All records are produced
   before the run, so this is backlog age (queueing), not the latency of a live stream.
 
-The run is checked: the Delta table (read back with delta-rs) must equal the state the
-generator computed independently, and the dead-letter table must hold exactly the
-malformed records (✓/✗; exit status 1 on ✗). Results go to ``bench/results/`` as JSON.
+**Into an existing target, with or without deletion vectors** (``--target-rows N``): before the
+clock starts, a target of N rows is built with the job's schema (keys 0..N-1, row images by the
+generator's row maker, as if a Debezium snapshot had read them: op ``r``, position 0, below every
+event's), in ``--target-files`` files with disjoint key ranges; ``--keys`` defaults to N, so the
+change events update and delete rows all over it (an upsert batch touches most files).
+``--deletion-vectors`` turns DVs on in that target (or, without ``--target-rows``, has the job
+create its table with them: the job's ``--deletion-vectors``); ``--ab`` runs the job twice on the
+same topic, copy-on-write and DVs, each into its own copy of the same target (``--rounds R``: R
+rounds, alternating which goes first), prints each run and then the medians per mode and the
+ratio DV / copy-on-write of events/s, whole run and sustained (the issue's target: >= 2x at 1M
+rows with 5k-record batches: ``--parts e2e --target-rows 1000000 --ab --events 100000
+--max-offsets-per-trigger 5000``). The table's files and files with a DV are printed after each
+run's check. Without these flags the run and its output are as before.
+
+The run is checked: the Delta table (read back with delta-rs ``scan()``, which applies deletion
+vectors) must equal the state the generator computed independently (with a pre-built target: the
+keys no event touched keep their pre-built rows, compared in Arrow), and the dead-letter table
+must hold exactly the malformed records (✓/✗; exit status 1 on ✗). Results go to
+``bench/results/`` as JSON.
 
 Producing: Tansu reports a partition's end offset as the start of its last record batch
 plus one (streaming_merge/kafka/broker.py). The e2e stream is produced in batches by default
@@ -75,6 +95,7 @@ import logging
 import math
 import os
 import platform
+import random
 import shutil
 import statistics
 import sys
@@ -85,9 +106,13 @@ from pathlib import Path
 from typing import Any
 
 import deltalake
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
 import pyspark
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming import StreamingQuery
+from pyspark.sql.types import StructType
 
 from jobs import cdc_generator
 from jobs.kafka_cdc_ingest import IngestConfig, start
@@ -472,9 +497,9 @@ def verify(target: str, dead_letter: str, expected: dict[int, dict[str, Any]], m
     """Compare as jobs/kafka_cdc_demo.py does; the dead letters must be exactly the malformed records."""
     spec = cdc_generator.TABLES[TABLE]
     columns = [c.split()[0] for c in spec["schema"].split(",")]
-    rows = deltalake.DeltaTable(target).to_pyarrow_table().to_pylist()
+    rows = _read(target).to_pylist()
     actual = {r[spec["key"]]: {c: r[c] for c in columns} for r in rows}
-    dead = len(deltalake.DeltaTable(dead_letter).to_pyarrow_table()) if os.path.exists(dead_letter) else 0
+    dead = _read(dead_letter, ["offset"]).num_rows if os.path.exists(dead_letter) else 0
     table_ok = actual == expected and len(rows) == len(actual)
     return {"ok": table_ok and dead == malformed, "tableOk": table_ok, "rows": len(rows),
             "expectedRows": len(expected), "deadLetters": dead, "expectedDeadLetters": malformed}
@@ -487,17 +512,41 @@ def _fmt(value: Any) -> str:
 def print_report(result: dict[str, Any]) -> None:
     if "read" in result:
         print_clients_and_source(result["read"])
+    if "runs" in result:  # --ab: each run, then the comparison
+        for run in result["runs"]:
+            print_e2e(result["config"], run["summary"], run["batches"], run["check"], result["environment"],
+                      run["mode"], run["round"])
+        print_comparison(result["config"], result["comparison"])
+        return
     if "summary" not in result:
         return
-    config, summary, check = result["config"], result["summary"], result["check"]
-    print(f"\nKafka CDC ingestion: {summary['records']} records ({summary['changeEvents']} change events) in "
+    print_e2e(result["config"], result["summary"], result["batches"], result["check"], result["environment"])
+
+
+def _target_text(config: dict[str, Any], mode: str | None) -> str:
+    """How the target was made, for a run with --target-rows, --deletion-vectors or --ab ('' otherwise)."""
+    if "targetRows" not in config:
+        return ""
+    dv = mode == "deletion-vectors" if mode is not None else bool(config["deletionVectors"])
+    where = (f"into a pre-built {config['targetRows']}-row target ({config['target']['files']} files)"
+             if config["targetRows"] else "into a table the job creates")
+    return f"; {where}, {'deletion vectors' if dv else 'copy-on-write'}"
+
+
+def print_e2e(config: dict[str, Any], summary: dict[str, Any], batches: list[dict[str, Any]], check: dict[str, Any],
+              environment: dict[str, Any], mode: str | None = None, round_no: int | None = None) -> None:
+    """One ingestion run: per batch, then throughput, latency, time split and the check (``mode``
+    and ``round_no``: a run of --ab)."""
+    print(f"\n{f'== {mode}, round {round_no}' + chr(10) if mode else ''}"
+          f"Kafka CDC ingestion: {summary['records']} records ({summary['changeEvents']} change events) in "
           f"{config['partitions']} partition(s), maxOffsetsPerTrigger={config['maxOffsetsPerTrigger']}, "
-          f"{result['environment']['master']}, load average before {result['environment']['loadavgBefore']}")
+          f"{environment['master']}, load average before {environment['loadavgBefore']}"
+          f"{_target_text(config, mode)}")
     header = ("batch", "rows", "trigger", "latestOff+getBatch", "addBatch", "sink.total", "sink.merge",
               "read+decode+DLQ", "age@commit")
     widths = [max(8, len(h)) for h in header]
     print(" | ".join(f"{h:>{w}}" for h, w in zip(header, widths, strict=True)))
-    for row in result["batches"]:
+    for row in batches:
         cells = (row["batchId"], row["numInputRows"], row["spark"]["triggerExecution"], row["offsetPlanningMs"],
                  row["spark"]["addBatch"], row["sink"].get("total"), row["sink"].get("merge"),
                  row["readDecodeDeadLetterMs"], row["ageAtCommitMs"])
@@ -524,6 +573,32 @@ def print_report(result: dict[str, Any]) -> None:
     print(f"check:       {mark} table {check['rows']} rows (expected {check['expectedRows']}, "
           f"{'equal' if check['tableOk'] else 'DIFFERENT'}); dead letters {check['deadLetters']} "
           f"(expected {check['expectedDeadLetters']})")
+    if "filesWithDv" in check and "targetRows" in config:
+        print(f"table:       {check['files']} files, {check['filesWithDv']} with a deletion vector, "
+              f"{check['bytes'] / 1e6:.1f} MB; protocol {'has' if check['deletionVectors'] else 'has no'} "
+              "deletionVectors")
+
+
+def print_comparison(config: dict[str, Any], comparison: dict[str, Any]) -> None:
+    """--ab: the medians per table mode and the ratios deletion vectors / copy-on-write."""
+    where = (f"a pre-built {config['targetRows']}-row target" if config["targetRows"] else "a table the job creates")
+    print(f"\nA/B into {where}, {config['events']} change events, maxOffsetsPerTrigger={config['maxOffsetsPerTrigger']}"
+          f", median of {config['rounds']} round(s) (order alternating)")
+    header = ("mode", "runs", "events/s", "sustained events/s", "batch p50 ms", "2nd half p50 ms", "sink.merge p50 ms")
+    print("  ".join(f"{h:>18}" if i else f"{h:<18}" for i, h in enumerate(header)))
+    for mode, row in comparison["modes"].items():
+        cells = (row["runs"], row["eventsPerSecond"], row["sustainedEventsPerSecond"], row["batchMsP50"],
+                 row["secondHalfBatchMsP50"], row["sinkMergeMsP50"])
+        print("  ".join([f"{mode:<18}"] + [f"{'-' if c is None else f'{c:,.0f}':>18}" for c in cells]))
+
+    def ratio(value: float | None) -> str:
+        return "-" if value is None else f"{value:.2f}x"
+
+    met = comparison["eventsPerSecondRatio"] is not None and \
+        comparison["eventsPerSecondRatio"] >= comparison["targetRatio"]
+    print(f"deletion vectors / copy-on-write: {ratio(comparison['eventsPerSecondRatio'])} events/s "
+          f"(target >= {comparison['targetRatio']:.0f}x: {'met' if met else 'NOT met'}), "
+          f"{ratio(comparison['sustainedEventsPerSecondRatio'])} sustained events/s")
 
 
 def _percentile(values: list[int], share: float) -> int:
@@ -557,9 +632,14 @@ def _sustained(batches: list[dict[str, Any]], event_share: float) -> dict[str, A
             "sustainedEventsPerSecond": records * event_share * 1000 / spent_ms}
 
 
+def _mode_name(deletion_vectors: bool) -> str:
+    return "deletion-vectors" if deletion_vectors else "copy-on-write"
+
+
 def e2e_run(spark: SparkSession, args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
-    """The end-to-end part: produce a generated CDC stream, read-only pass, the real job."""
-    keys = args.keys or max(10, args.events // 10)
+    """The end-to-end part: produce a generated CDC stream, read-only pass, the real job (with
+    ``--ab``, once per table mode and round, each into its own copy of the pre-built target)."""
+    keys = args.keys or (args.target_rows if args.target_rows else max(10, args.events // 10))
     with EmbeddedKafka() as broker:
         topic = f"bench.public.{TABLE}"
         broker.create_topic(topic, args.partitions)
@@ -584,20 +664,78 @@ def e2e_run(spark: SparkSession, args: argparse.Namespace, workdir: Path) -> dic
                                                   args.max_offsets_per_trigger, str(workdir / "read_checkpoint"))
             print(f"Read-only pass: {read_s:.1f}s", flush=True)
 
+        master: Path | None = None
+        prebuilt: pa.Table | None = None
+        target_info: dict[str, Any] = {}
+        if args.target_rows:
+            master = workdir / "target_master"
+            prebuilt, target_info = build_target(spark, master, args.target_rows, args.target_files,
+                                                 args.partitions, args.seed)
+            print(f"Pre-built target: {args.target_rows} rows in {target_info['files']} files "
+                  f"({target_info['bytes'] / 1e6:.1f} MB, {target_info['seconds']:.1f}s, not timed)", flush=True)
+        expected = cdc_generator.expected_rows(state)
+
         spec = cdc_generator.TABLES[TABLE]
-        config = IngestConfig(
-            bootstrap_servers=broker.bootstrap_servers, topics=topic, target=str(workdir / TABLE),
-            keys=[spec["key"]], checkpoint=str(workdir / "checkpoint"), dead_letter=str(workdir / "dead_letter"),
-            row_schema=spec["schema"], available_now=True, max_offsets_per_trigger=args.max_offsets_per_trigger)
-        ingest_s, spark_progress, sink_progress = ingest_run(spark, config)
-        print(f"Ingest: {ingest_s:.1f}s", flush=True)
-        check = verify(config.target, str(config.dead_letter), cdc_generator.expected_rows(state), malformed)
-    batches = batch_rows(spark_progress, sink_progress, produced_at, topic)
+        common = {"records": records, "events": events, "malformed": malformed, "keys": keys,
+                  "produce_s": produce_s, "read_s": read_s, "read_progress": read_progress,
+                  "produced_at": produced_at, "topic": topic}
+        runs: list[dict[str, Any]] = []
+        modes = [False, True] if args.ab else [args.deletion_vectors]
+        for round_no in range(args.rounds if args.ab else 1):
+            for deletion_vectors in (modes if round_no % 2 == 0 else modes[::-1]):
+                # The single-mode run keeps the folders it always had (--workdir/--keep).
+                run_dir = workdir / f"{_mode_name(deletion_vectors)}-{round_no + 1}" if args.ab else workdir
+                config = IngestConfig(
+                    bootstrap_servers=broker.bootstrap_servers, topics=topic, target=str(run_dir / TABLE),
+                    keys=[spec["key"]], checkpoint=str(run_dir / "checkpoint"),
+                    dead_letter=str(run_dir / "dead_letter"), row_schema=spec["schema"], available_now=True,
+                    max_offsets_per_trigger=args.max_offsets_per_trigger, deletion_vectors=deletion_vectors)
+                if master is not None:
+                    copy_target(spark, master, Path(config.target), deletion_vectors)
+                ingest_s, spark_progress, sink_progress = ingest_run(spark, config)
+                if args.ab:
+                    print(f"Ingest ({_mode_name(deletion_vectors)}, round {round_no + 1}): {ingest_s:.1f}s", flush=True)
+                else:
+                    print(f"Ingest: {ingest_s:.1f}s", flush=True)
+                if prebuilt is not None:
+                    check = verify_onto(config.target, str(config.dead_letter), prebuilt, records, expected,
+                                        malformed)
+                else:
+                    check = verify(config.target, str(config.dead_letter), expected, malformed)
+                if args.target_rows or args.deletion_vectors or args.ab:
+                    check.update(table_layout(config.target))
+                runs.append({"mode": _mode_name(deletion_vectors), "round": round_no + 1,
+                             **_run_result(common, ingest_s, spark_progress, sink_progress, check)})
+                if args.ab and not args.keep:
+                    shutil.rmtree(run_dir, ignore_errors=True)
+    config_out: dict[str, Any] = {
+        "events": args.events, "keys": keys, "partitions": args.partitions, "seed": args.seed,
+        "maxOffsetsPerTrigger": args.max_offsets_per_trigger, "master": args.master,
+        "readBaseline": not args.skip_read_baseline}
+    if args.target_rows or args.deletion_vectors or args.ab:  # the default run's JSON stays as it was
+        config_out.update(targetRows=args.target_rows, targetFiles=args.target_files if args.target_rows else None,
+                          deletionVectors="both" if args.ab else args.deletion_vectors, target=target_info or None)
+    expected_batches = math.ceil(len(records) / args.max_offsets_per_trigger)
+    if not args.ab:
+        run = runs[0]
+        return {"config": config_out, "summary": run["summary"], "batches": run["batches"], "check": run["check"],
+                "expectedBatches": expected_batches}
+    comparison = compare_modes(runs)
+    return {"config": {**config_out, "rounds": args.rounds}, "runs": runs, "comparison": comparison,
+            "check": {"ok": all(r["check"]["ok"] for r in runs)}, "expectedBatches": expected_batches}
+
+
+def _run_result(common: dict[str, Any], ingest_s: float, spark_progress: list[dict[str, Any]],
+                sink_progress: dict[int, dict[str, Any]], check: dict[str, Any]) -> dict[str, Any]:
+    """One ingestion run's summary (throughput, sustained rate, latency, time split), batches and check."""
+    records, events, read_s, read_progress = (common["records"], common["events"], common["read_s"],
+                                              common["read_progress"])
+    batches = batch_rows(spark_progress, sink_progress, common["produced_at"], common["topic"])
     add_batch = sum(b["spark"]["addBatch"] for b in batches)
     sink_total = sum(b["sink"].get("total", 0) for b in batches)
     summary = {
-        "records": len(records), "changeEvents": events, "malformed": malformed, "keys": keys,
-        "produceSeconds": round(produce_s, 2),
+        "records": len(records), "changeEvents": events, "malformed": common["malformed"], "keys": common["keys"],
+        "produceSeconds": round(common["produce_s"], 2),
         "ingestSeconds": round(ingest_s, 2), "batches": len(batches),
         "recordsPerSecond": len(records) / ingest_s, "eventsPerSecond": events / ingest_s,
         "readOnlySeconds": round(read_s, 2) if read_s is not None else None,
@@ -609,11 +747,143 @@ def e2e_run(spark: SparkSession, args: argparse.Namespace, workdir: Path) -> dic
         **_latency(batches),
         **_sustained(batches, events / len(records) if records else 0.0),
     }
-    return {"config": {"events": args.events, "keys": keys, "partitions": args.partitions, "seed": args.seed,
-                       "maxOffsetsPerTrigger": args.max_offsets_per_trigger, "master": args.master,
-                       "readBaseline": not args.skip_read_baseline},
-            "summary": summary, "batches": batches, "check": check,
-            "expectedBatches": math.ceil(len(records) / args.max_offsets_per_trigger)}
+    return {"summary": summary, "batches": batches, "check": check}
+
+
+def compare_modes(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """Per table mode the median over rounds of events/s (whole run and sustained) and batch p50;
+    the ratios deletion vectors / copy-on-write (the issue's target: >= 2x events/s)."""
+    per_mode: dict[str, dict[str, Any]] = {}
+    for mode in ("copy-on-write", "deletion-vectors"):
+        summaries = [r["summary"] for r in runs if r["mode"] == mode]
+        row: dict[str, Any] = {"runs": len(summaries)}
+        for key in ("eventsPerSecond", "sustainedEventsPerSecond", "batchMsP50", "secondHalfBatchMsP50"):
+            values = [s[key] for s in summaries if s.get(key) is not None]
+            row[key] = statistics.median(values) if values else None
+        row["sinkMergeMsP50"] = _median_phase([r for r in runs if r["mode"] == mode], "merge")
+        per_mode[mode] = row
+    cow, dv = per_mode["copy-on-write"], per_mode["deletion-vectors"]
+
+    def ratio(key: str) -> float | None:
+        return dv[key] / cow[key] if dv.get(key) and cow.get(key) else None
+
+    return {"modes": per_mode, "eventsPerSecondRatio": ratio("eventsPerSecond"),
+            "sustainedEventsPerSecondRatio": ratio("sustainedEventsPerSecond"), "targetRatio": 2.0}
+
+
+def _median_phase(runs: list[dict[str, Any]], phase: str) -> float | None:
+    values = [b["sink"][phase] for r in runs for b in r["batches"] if b["numInputRows"] and phase in b["sink"]]
+    return statistics.median(values) if values else None
+
+
+# ------------------------------------------------------------------ a pre-built target
+
+PREBUILT_POSITION = 0  # below every generated event's source.lsn (seed * 1,000,000 + n): events win
+PREBUILT_TS_MS = 1_600_000_000_000
+
+
+def target_schema(spark: SparkSession) -> StructType:
+    """The columns the job gives the table it creates: the row image, then the CDC metadata
+    (the decoder's output without the sink's internal ``__sm_`` columns)."""
+    from streaming_merge.kafka import debezium
+    from streaming_merge.kafka.source import SCHEMA
+
+    spec = cdc_generator.TABLES[TABLE]
+    events, _ = debezium.decode(spark.createDataFrame([], SCHEMA), StructType.fromDDL(spec["schema"]),
+                                keys=[spec["key"]])
+    return StructType([f for f in events.schema.fields if not f.name.startswith("__sm_")])
+
+
+def build_target(spark: SparkSession, path: Path, rows: int, files: int, partitions: int, seed: int
+                 ) -> tuple[pa.Table, dict[str, Any]]:
+    """A table of ``rows`` rows (keys 0..rows-1, made by cdc_generator's row maker) in ``files``
+    files with disjoint key ranges, with the job's schema and without deletion vectors
+    (``copy_target`` turns them on for a run). Its CDC columns are those of a Debezium snapshot
+    read through ``partitions`` partitions: op 'r', the snapshot's one position (0, below every
+    event's), a timestamp and a Kafka offset per row, so the table is as large as one the job
+    wrote (constant columns would shrink it to a quarter and flatter copy-on-write). Returns the
+    row columns (what the check compares) and the table's layout."""
+    from pyspark.sql import functions as F
+
+    from streaming_merge import DeltaTable
+    from streaming_merge.kafka import debezium
+
+    started = time.monotonic()
+    spec = cdc_generator.TABLES[TABLE]
+    schema = target_schema(spark)
+    rng = random.Random(seed * 7919 + 1)
+    row_arrow = _row_arrow_schema()
+    table = pa.Table.from_pylist([spec["make"](rng, k, PREBUILT_POSITION) for k in range(rows)], schema=row_arrow)
+    keys = np.arange(rows, dtype=np.int64)
+    metadata = {debezium.OP: pa.array(np.full(rows, "r")),
+                debezium.POSITION: pa.array(np.full(rows, PREBUILT_POSITION, dtype=np.int64)),
+                debezium.TS_MS: pa.array(PREBUILT_TS_MS + keys),
+                debezium.PARTITION: pa.array((keys % partitions).astype(np.int32)),
+                debezium.OFFSET: pa.array(keys // partitions)}
+    full = table
+    for name in [f.name for f in schema.fields if f.name not in table.column_names]:
+        full = full.append_column(name, metadata[name])
+    frame = spark.createDataFrame(full).select(*[F.col(f"`{f.name}`").cast(f.dataType) for f in schema.fields])
+    DeltaTable.createFromDataFrame(frame.repartitionByRange(max(1, files), spec["key"]), str(path))
+    deltalake.DeltaTable(str(path)).create_checkpoint()
+    return table, {**table_layout(str(path)), "seconds": round(time.monotonic() - started, 1)}
+
+
+def _row_arrow_schema() -> pa.Schema:
+    types = {"long": pa.int64(), "double": pa.float64(), "string": pa.string(), "int": pa.int32()}
+    fields = [c.split() for c in cdc_generator.TABLES[TABLE]["schema"].split(",")]
+    return pa.schema([pa.field(name, types[kind]) for name, kind in fields])
+
+
+def copy_target(spark: SparkSession, master: Path, target: Path, deletion_vectors: bool) -> None:
+    """A run's own copy of the pre-built target; with DVs turned on for a deletion-vector run."""
+    from streaming_merge import DeltaTable
+
+    shutil.copytree(master, target)
+    if deletion_vectors:
+        DeltaTable.forPath(spark, str(target)).enableDeletionVectors()
+
+
+def table_layout(path: str) -> dict[str, Any]:
+    """Live files, bytes, files with a DV and whether the protocol has deletion vectors, from the log."""
+    from streaming_merge.table.snapshot import load_snapshot
+
+    if not os.path.exists(path):
+        return {}
+    snapshot = load_snapshot(path)
+    return {"files": len(snapshot.files), "bytes": sum(f.size for f in snapshot.files),
+            "filesWithDv": sum(1 for f in snapshot.files if f.deletion_vector is not None),
+            "deletionVectors": snapshot.has_deletion_vectors}
+
+
+def _read(path: str, columns: list[str] | None = None) -> pa.Table:
+    """The table's rows through delta-rs' DataFusion scan, which applies deletion vectors
+    (``to_pyarrow_table()`` refuses a table that has them)."""
+    return pa.table(deltalake.DeltaTable(path).scan(columns=columns))
+
+
+def verify_onto(target: str, dead_letter: str, prebuilt: pa.Table, records: list[cdc_generator.Record],
+                changed: dict[int, dict[str, Any]], malformed: int) -> dict[str, Any]:
+    """The check for a pre-built target, in Arrow: the keys no event touched keep their pre-built
+    row; a touched key holds the generator's final row, or is gone when its last event deletes it."""
+    spec = cdc_generator.TABLES[TABLE]
+    key = spec["key"]
+    row_arrow = _row_arrow_schema()
+    touched = pa.array(sorted({int(r.key) for r in records if r.value is not None and r.key != b"bad"}), pa.int64())
+    kept = prebuilt.filter(pc.invert(pc.is_in(prebuilt[key], value_set=touched)))
+    expected = pa.concat_tables([kept, pa.Table.from_pylist(list(changed.values()), schema=row_arrow)]).sort_by(key)
+    actual = _read(target, row_arrow.names)  # delta-rs' scan gives string_view columns: cast, then sort
+    actual = pa.table([actual[n].cast(row_arrow.field(n).type) for n in row_arrow.names], schema=row_arrow).sort_by(key)
+    table_ok = actual.num_rows == expected.num_rows and all(
+        actual[n].equals(expected[n]) for n in row_arrow.names)
+    dead = _read(dead_letter, ["offset"]).num_rows if os.path.exists(dead_letter) else 0
+    check: dict[str, Any] = {"ok": table_ok and dead == malformed, "tableOk": table_ok, "rows": actual.num_rows,
+                             "expectedRows": expected.num_rows, "deadLetters": dead, "expectedDeadLetters": malformed}
+    if not table_ok:
+        got, want = set(actual[key].to_pylist()), set(expected[key].to_pylist())
+        check.update(missingKeys=len(want - got), extraKeys=len(got - want),
+                     duplicatedKeys=actual.num_rows - len(got))
+    return check
 
 
 def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
@@ -662,10 +932,27 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--produce", choices=("bulk", "per-record"), default="bulk",
                         help="e2e: produce in key-partitioned batches (default; fast enough for 200k events) or one "
                              "record per request (the test helper; ~1k records/s)")
+    parser.add_argument("--target-rows", type=int, default=0,
+                        help="e2e: ingest into a target of this many rows, built before the clock starts (keys 0..N-1; "
+                             "--keys defaults to N, so the change events update and delete its rows); default 0: the "
+                             "job creates the table from its first batch")
+    parser.add_argument("--target-files", type=int, default=20, help="files of the --target-rows target")
+    parser.add_argument("--deletion-vectors", action="store_true",
+                        help="e2e: the target has deletion vectors (the pre-built one is upgraded, a new one is "
+                             "created with them: the job's --deletion-vectors)")
+    parser.add_argument("--ab", action="store_true",
+                        help="e2e: run the job twice on the same topic, copy-on-write and deletion vectors, each into "
+                             "its own copy of the target; print both and the ratio of their events/s")
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="with --ab: rounds of both runs, alternating which goes first (medians are compared)")
     parser.add_argument("--out", default="bench/results/kafka_ingest.json")
     parser.add_argument("--workdir", default=None, help="where tables and checkpoints go (default: a temp folder)")
     parser.add_argument("--keep", action="store_true", help="keep the workdir")
     args = parser.parse_args(argv)
+    if args.target_rows < 0 or args.target_files < 1 or args.rounds < 1:
+        parser.error("--target-rows >= 0, --target-files >= 1 and --rounds >= 1")
+    if args.ab and args.deletion_vectors:
+        parser.error("--ab runs both table modes; --deletion-vectors picks one")
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("kafka").setLevel(logging.ERROR)
     logging.getLogger("py4j").setLevel(logging.WARNING)

