@@ -29,23 +29,21 @@ from pyspark.sql import functions as F
 from streaming_merge._profile import phase
 from streaming_merge._slots import task_slots
 from streaming_merge.errors import MultipleSourceRowMatchingTargetRowError
-from streaming_merge.merge.resolve import SOURCE_PRESENT, TARGET_PRESENT, ResolvedMerge
+from streaming_merge.merge.resolve import SOURCE_PRESENT, TARGET_PRESENT, ResolvedClause, ResolvedMerge
 from streaming_merge.merge.rewrite import (
     ACTION_COL,
     COPY,
     DROP,
     FileLayout,
-    RowAggregate,
     action_count,
     codes_of,
     first_applicable,
-    observed_output,
     observed_values,
     outputs,
     write_frame,
 )
 from streaming_merge.merge.touched import FILE_ID_COL, MAX_REPORTED_ROWS, MULTIPLE_MATCH_MESSAGE, scan_with_file_ids
-from streaming_merge.table.dv_filter import deleted_positions
+from streaming_merge.table.dv_filter import deleted_positions, long_array
 from streaming_merge.table.file_ids import FileIds
 from streaming_merge.table.snapshot import DataFile, Snapshot
 from streaming_merge.table.spark_paths import ROW_INDEX_COL
@@ -55,6 +53,11 @@ log = logging.getLogger(__name__)
 
 SOURCE_ROW_ID = "__sm_source_row_id__"
 _MATCHED = "matchedTargetRows"
+_PACKED = "__sm_target_row_position__"
+# A packed position: the candidate's (1-based) position above bit 42, the changed flag at 42,
+# the row index below.
+_ROW_BITS = 42
+_POSITION_BITS = 63 - _ROW_BITS - 1
 _BRANCH = "__sm_joined_branch__"  # 1: a row of the join, 0: a source row (a possible insert)
 _JOINED = "__sm_source_row_joined__"
 
@@ -114,62 +117,96 @@ def write_changes_with_deletion_vectors(
 ) -> DvRewriteResult:
     """Join the candidates with the source, write the updated and inserted rows, and return the
     rows to mark deleted, in one Spark job (plus the broadcast's)."""
+    if len(candidates) >= 1 << _POSITION_BITS or any((f.num_records or 0) >= 1 << _ROW_BITS for f in candidates):
+        raise ValueError(f"A MERGE with deletion vectors handles up to {1 << _POSITION_BITS} candidate files of up "
+                         f"to {1 << _ROW_BITS} rows each; {snapshot.table_path} has more: compact it first.")
     ids = FileIds.of(spark, snapshot, candidates)
     target = scan_with_file_ids(spark, snapshot, candidates, resolved, ids, keep_row_index=True)
     src = (source.withColumn(SOURCE_ROW_ID, F.monotonically_increasing_id())
            .alias(resolved.source_alias).withColumn(SOURCE_PRESENT, F.lit(True)))
     tgt = target.alias(resolved.target_alias).withColumn(TARGET_PRESENT, F.lit(True))
-    observation, inserted = Observation(), Observation()
+    observation = Observation()
+    position = F.array_position(long_array(ids.ids), F.col(FILE_ID_COL))
     if broadcast_source:
-        output = _streamed_past_source(spark, resolved, tgt, src, layout, observation, inserted)
+        output = _streamed_past_source(spark, resolved, tgt, src, layout, observation, position)
     else:  # a source too large to broadcast: one shuffled join, source rows preserved for the inserts
         join = ("full_outer" if resolved.not_matched else "left_outer") if resolved.not_matched_by_source else (
             "right_outer" if resolved.not_matched else "inner")
-        with_action = tgt.join(src, resolved.condition, join).withColumn(ACTION_COL, _action(resolved))
-        output = observed_output(resolved, with_action, resolved.all, False,
-                                 [DROP, COPY, *codes_of(resolved.all, delete=True)], observation,
-                                 [*_target_counts(resolved), _inserted_count(resolved)], [_pairs(resolved)])
+        observed = _observed(resolved, tgt.join(src, resolved.condition, join), resolved.all, observation, position)
+        output = observed.filter(_written(resolved, resolved.all)).select(*_names(resolved))
     with phase(spark, "dvJoinWrite"):
         written = write_frame(spark, snapshot, output, resolved, layout)
     try:
-        values = {**observed_values(observation), **observed_values(inserted)}
-        pairs_found = _matched_pairs(values.pop(_MATCHED, None))
-        matches = pairs_found[pairs_found[:, 3] >= 0]  # the unmatched target rows a clause changed: -1
-        counts_found = {k: int(v or 0) for k, v in values.items()}
-        counts_found["numTargetRowsCopied"] = 0
+        values = observed_values(observation)
+        changed, matched = _positions(values.pop(_MATCHED, None))
+        counts = {k: int(v or 0) for k, v in values.items()}
+        counts["numTargetRowsCopied"] = 0
+        # Every written row is an updated or an inserted one.
+        counts["numTargetRowsInserted"] = (sum(w.num_records for w in written) - counts["numTargetRowsMatchedUpdated"]
+                                           - counts["numTargetRowsNotMatchedBySourceUpdated"])
         if not resolved.clauses.is_only_one_unconditional_delete:
-            _check_single_matches(snapshot, candidates, ids, matches)
+            _check_single_matches(snapshot, candidates, matched)
         else:  # a row matched twice is deleted once, and counted once (as Delta does)
-            counts_found["numTargetRowsMatchedDeleted"] = len(np.unique(matches[:, :2], axis=0))
+            counts["numTargetRowsMatchedDeleted"] = len(np.unique(matched))
     except BaseException:
         delete_written(spark, snapshot.location, written)
         raise
     with phase(spark, "dvVectors"):
-        return DvRewriteResult(written, counts_found,
-                               _changes(spark, snapshot, candidates, ids, pairs_found, written))
+        return DvRewriteResult(written, counts, _changes(snapshot, candidates, changed))
+
+
+def _observed(resolved: ResolvedMerge, joined: DataFrame, clauses: Sequence[ResolvedClause],
+              observation: Observation, position: Column) -> DataFrame:
+    """The joined rows narrowed to the output columns of ``clauses``, the action and the source
+    row id, observed: the per-clause counts and the positions of the matched and changed target
+    rows. Spark runs an observation outside generated code on a copy of each row, so it sits on
+    this narrow row (see rewrite.observed_output)."""
+    with_action = joined.withColumn(ACTION_COL, _action(resolved))
+    narrow = with_action.select(*outputs(resolved, clauses, False), F.col(ACTION_COL), F.col(SOURCE_ROW_ID),
+                                _packed_position(resolved, position).alias(_PACKED))
+    return narrow.observe(observation, *_target_counts(resolved),
+                          F.concat_ws(",", F.collect_list(_PACKED).cast("array<string>")).alias(_MATCHED))
+
+
+def _packed_position(resolved: ResolvedMerge, position: Column) -> Column:
+    """One long per matched target row and per unmatched target row a NOT MATCHED BY SOURCE
+    clause changes (NULL for the others): the candidate's position, whether a clause changed the
+    row, and its row index, packed, and negated (less one) for an unmatched row. Longs, gathered
+    as one text, keep the observation cheap: arrays a row cost 0.4 s per 80k rows here."""
+    target_present = F.col(TARGET_PRESENT).isNotNull()
+    changing = [c.code for c in (*resolved.matched, *resolved.not_matched_by_source)]
+    changed = F.when(F.col(ACTION_COL).isin(changing), F.lit(1 << _ROW_BITS)).otherwise(F.lit(0)).cast("long")
+    packed = (F.shiftleft(position.cast("long"), _ROW_BITS + 1).bitwiseOR(changed)
+              .bitwiseOR(F.col(ROW_INDEX_COL)))
+    by_source = [c.code for c in resolved.not_matched_by_source]
+    return F.when(F.col(SOURCE_PRESENT).isNotNull() & target_present, packed).when(
+        target_present & F.col(ACTION_COL).isin(by_source), F.lit(-1) - packed)
+
+
+def _names(resolved: ResolvedMerge) -> list[str]:
+    return [f"`{f.name}`" for f in resolved.output_schema.fields]
+
+
+def _written(resolved: ResolvedMerge, clauses: Sequence[ResolvedClause]) -> Column:
+    """Whether a row of ``clauses``' actions is written: an update or an insert. With none of
+    those nothing is written, but the job must still read every row for the observation: a
+    filter Spark can prove false would make it drop the whole subtree."""
+    codes = codes_of(clauses, delete=False)
+    return F.col(ACTION_COL).isin(codes) if codes else F.spark_partition_id() < 0
 
 
 def _streamed_past_source(spark: SparkSession, resolved: ResolvedMerge, tgt: DataFrame, src: DataFrame,
-                          layout: FileLayout, observation: Observation, inserted: Observation) -> DataFrame:
+                          layout: FileLayout, observation: Observation, position: Column) -> DataFrame:
     """The rows to write when the source is broadcast and the target's rows stream past it, so
     that no target row crosses a shuffle: the joined rows (matched, and with NOT MATCHED BY
     SOURCE clauses the unmatched target rows) give the updates; the inserts are the source rows
     that no target row joined, found in the same job by meeting the joined rows' source row ids
     with the source's own rows in a shuffle of the source's size, not the target's."""
     target_side = [*resolved.matched, *resolved.not_matched_by_source]
-    joined = tgt.join(F.broadcast(src), resolved.condition,
-                      "left_outer" if resolved.not_matched_by_source else "inner").withColumn(ACTION_COL,
-                                                                                              _action(resolved))
-    pairs = _pairs(resolved)
-    narrow = joined.select(*outputs(resolved, target_side, False), F.col(ACTION_COL), F.col(SOURCE_ROW_ID),
-                           pairs.value.alias(pairs.input_column))
-    observed = narrow.observe(observation, *_target_counts(resolved),
-                              pairs.aggregate(F.col(pairs.input_column)).alias(pairs.name))
-    names = [f"`{f.name}`" for f in resolved.output_schema.fields]
-    update_codes = codes_of(target_side, delete=False)
-    # With no update clause nothing of the join is written, but the job must still read every row
-    # for the observation: a filter Spark can prove false would make it drop the whole subtree.
-    updated = F.col(ACTION_COL).isin(update_codes) if update_codes else F.spark_partition_id() < 0
+    joined = tgt.join(F.broadcast(src), resolved.condition, "left_outer" if resolved.not_matched_by_source else "inner")
+    observed = _observed(resolved, joined, target_side, observation, position)
+    names = _names(resolved)
+    updated = _written(resolved, target_side)
     unmatched_target = observed.filter(F.col(SOURCE_ROW_ID).isNull() & updated).select(*names)
     if not resolved.not_matched:
         written = observed.filter(F.col(SOURCE_ROW_ID).isNotNull() & updated).select(*names)
@@ -183,8 +220,7 @@ def _streamed_past_source(spark: SparkSession, resolved: ResolvedMerge, tgt: Dat
     met = (joined_rows.unionByName(source_rows).repartition(max(1, layout.files(task_slots(spark))), row_id)
            .withColumn(_JOINED, F.max(_BRANCH).over(Window.partitionBy(row_id))))
     is_insert = (F.col(_BRANCH) == 0) & (F.col(_JOINED) == 0) & (F.col(ACTION_COL) != DROP)
-    kept = met.filter(((F.col(_BRANCH) == 1) & updated) | is_insert).observe(
-        inserted, F.sum(F.when(is_insert, 1).otherwise(0)).alias("numTargetRowsInserted")).select(*names)
+    kept = met.filter(((F.col(_BRANCH) == 1) & updated) | is_insert).select(*names)
     return kept.unionByName(unmatched_target) if resolved.not_matched_by_source else kept
 
 
@@ -206,76 +242,42 @@ def _target_counts(resolved: ResolvedMerge) -> list[Column]:
                          "numTargetRowsNotMatchedBySourceDeleted")]
 
 
-def _inserted_count(resolved: ResolvedMerge) -> Column:
-    return action_count(resolved, codes_of(resolved.not_matched, delete=False), "numTargetRowsInserted")
+def _positions(observed: object) -> tuple[np.ndarray, np.ndarray]:
+    """From the observed text (see _packed_position): the changed target rows as (candidate
+    position, row index) pairs, and the matched target rows as one number each (the same for the
+    same row), for the multiple-match check."""
+    values = np.fromstring(str(observed), dtype=np.int64, sep=",") if observed else np.zeros(0, dtype=np.int64)
+    unmatched = values < 0
+    values = np.where(unmatched, -1 - values, values)
+    changed = (values >> _ROW_BITS) & 1 == 1
+    rows = values & ((1 << _ROW_BITS) - 1)
+    positions = (values >> (_ROW_BITS + 1)) - 1  # array_position is 1-based
+    row_of = (positions << _ROW_BITS) | rows
+    return np.stack([positions[changed], rows[changed]], axis=1), row_of[~unmatched]
 
 
-def _pairs(resolved: ResolvedMerge) -> RowAggregate:
-    return resolved.derive(("dv-matched-pairs",), lambda: _matched_pairs_aggregate(resolved))
-
-
-def _changes(spark: SparkSession, snapshot: Snapshot, candidates: Sequence[DataFile], ids: FileIds,
-             pairs_found: np.ndarray, written: list[WrittenFile]) -> DeletionVectorChanges:
-    """The changed rows grouped by file (one sort, not a scan of every pair per file)."""
-    changed = pairs_found[pairs_found[:, 2] == 1]
+def _changes(snapshot: Snapshot, candidates: Sequence[DataFile], changed: np.ndarray) -> DeletionVectorChanges:
+    """The changed rows grouped by candidate (one sort, not a scan of every pair per file)."""
     if not len(changed):
         return DeletionVectorChanges([], [])
     changed = changed[np.lexsort((changed[:, 1], changed[:, 0]))]
-    file_ids, starts = np.unique(changed[:, 0], return_index=True)
-    deleted: dict[int, np.ndarray] = {}
-    for file_id, rows in zip(file_ids, np.split(changed[:, 1], starts[1:]), strict=True):
-        position = ids.position(int(file_id))
-        if position is None:
-            delete_written(spark, snapshot.location, written)
-            raise AssertionError(f"MERGE observed a file id that is no candidate's: {file_id}")
-        deleted[position] = np.unique(rows)
+    positions, starts = np.unique(changed[:, 0], return_index=True)
+    deleted = {int(p): np.unique(rows) for p, rows in zip(positions, np.split(changed[:, 1], starts[1:]), strict=True)}
     return deletion_vector_changes(snapshot, candidates, deleted)
 
 
-def _matched_pairs_aggregate(resolved: ResolvedMerge) -> RowAggregate:
-    """Every matched pair as [file id, row index, 1 if a clause changed the row, source row id],
-    and every unmatched target row a NOT MATCHED BY SOURCE clause changed as [file id, row
-    index, 1, -1], gathered as one text (see _as_text)."""
-    target_present = F.col(TARGET_PRESENT).isNotNull()
-    matched = F.col(SOURCE_PRESENT).isNotNull() & target_present
-    changing = [c.code for c in (*resolved.matched, *resolved.not_matched_by_source)]
-    changed = F.when(F.col(ACTION_COL).isin(changing), F.lit(1)).otherwise(F.lit(0))
-    by_source = [c.code for c in resolved.not_matched_by_source]
-    pair = F.when(matched, F.array(F.col(FILE_ID_COL), F.col(ROW_INDEX_COL), changed.cast("long"),
-                                   F.col(SOURCE_ROW_ID))).when(
-        target_present & F.col(ACTION_COL).isin(by_source),
-        F.array(F.col(FILE_ID_COL), F.col(ROW_INDEX_COL), F.lit(1).cast("long"), F.lit(-1).cast("long")))
-    return RowAggregate(_MATCHED, pair, _as_text)
-
-
-def _as_text(pairs: Column) -> Column:
-    """The pairs, flattened, as one comma-separated text: a single value across py4j, which numpy
-    parses at C speed (a JSON list of lists took 0.2 s for 80k pairs, in Python objects)."""
-    return F.concat_ws(",", F.flatten(F.collect_list(pairs)).cast("array<string>"))
-
-
-def _matched_pairs(observed: object) -> np.ndarray:
-    """The observed pairs as an (n, 4) array of (file id, row index, changed, source row id)."""
-    if not observed:
-        return np.zeros((0, 4), dtype=np.int64)
-    return np.fromstring(str(observed), dtype=np.int64, sep=",").reshape(-1, 4)
-
-
-def _check_single_matches(snapshot: Snapshot, candidates: Sequence[DataFile], ids: FileIds,
-                          matches: np.ndarray) -> None:
-    """Delta's multiple-match rule: every ON match counts, whatever the clause conditions."""
-    ordered = matches[np.lexsort((matches[:, 1], matches[:, 0])), :2]
-    if not ((ordered[1:] == ordered[:-1]).all(axis=1)).any():  # no pair twice: the usual case, one sort
-        return
-    rows, counts = np.unique(matches[:, :2], axis=0, return_counts=True)
+def _check_single_matches(snapshot: Snapshot, candidates: Sequence[DataFile], matched: np.ndarray) -> None:
+    """Delta's multiple-match rule: every ON match counts, whatever the clause conditions
+    (``matched``: one number per matched pair, the same for the same target row)."""
+    rows, counts = np.unique(matched, return_counts=True)
     twice = np.nonzero(counts > 1)[0]
     if not len(twice):
         return
     offending: list[tuple[dict[str, object], int]] = []
     for index in twice[np.argsort(-counts[twice], kind="stable")][:MAX_REPORTED_ROWS]:
-        position = ids.position(int(rows[index, 0]))
-        path = snapshot.absolute_path(candidates[position].path) if position is not None else "?"
-        offending.append(({"file": path, "row_index": int(rows[index, 1])}, int(counts[index])))
+        position, row = int(rows[index]) >> _ROW_BITS, int(rows[index]) & ((1 << _ROW_BITS) - 1)
+        offending.append(({"file": snapshot.absolute_path(candidates[position].path), "row_index": row},
+                          int(counts[index])))
     listing = "; ".join(", ".join(f"{k}={v!r}" for k, v in key.items()) + f" (matched by {count} source rows)"
                         for key, count in offending)
     raise MultipleSourceRowMatchingTargetRowError(

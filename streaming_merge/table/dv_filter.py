@@ -29,7 +29,6 @@ from pyspark.sql import functions as F
 from streaming_merge.table.deletion_vectors import DeletionVector, read_deleted_rows
 from streaming_merge.table.file_ids import FileIds
 from streaming_merge.table.snapshot import DataFile, Snapshot
-from streaming_merge.table.spark_paths import spark_file_paths
 
 _CACHE_BYTES = 256 * 1024 * 1024
 _cache: OrderedDict[tuple[str, str, str], np.ndarray] = OrderedDict()
@@ -79,11 +78,7 @@ def deleted_row_column(spark: SparkSession, snapshot: Snapshot, files: Sequence[
     if not with_vectors:
         return None
     ids = FileIds.of(spark, snapshot, files)
-    shared = [i for i in with_vectors if files[i].size in ids.shared_sizes]
-    spark_paths = dict(zip(shared, spark_file_paths(spark, snapshot.location, [files[i] for i in shared]),
-                           strict=True)) if shared and ids.by_hash else {}
-    sets = {ids.id_of(i, files[i].size, spark_paths.get(i)): (deleted_positions(snapshot, files[i]),
-                                                                files[i].num_records or 0) for i in with_vectors}
+    sets = {ids.ids[i]: (deleted_positions(snapshot, files[i]), files[i].num_records or 0) for i in with_vectors}
     return bitset_membership(ids.column(size_column, path_column), F.col(row_index_column), sets)
 
 
@@ -102,15 +97,15 @@ def bitset_membership(key: Column, row: Column, sets: Mapping[int, tuple[np.ndar
         words.append(bits)
         next_base += len(bits)
     all_words = np.concatenate(words) if words else np.zeros(0, dtype="<i8")
-    position = F.array_position(_long_array(keys), key)
-    word = F.element_at(_long_array(bases), position.cast("int")) + F.shiftright(row, 6)
+    position = F.array_position(long_array(keys), key)
+    word = F.element_at(long_array(bases), position.cast("int")) + F.shiftright(row, 6)
     # The SQL function takes the shift as a column (PySpark's wrapper only as a number).
-    bit = F.call_function("shiftrightunsigned", F.element_at(_long_array(all_words.tolist()), word.cast("int")),
+    bit = F.call_function("shiftrightunsigned", F.element_at(long_array(all_words.tolist()), word.cast("int")),
                           row.bitwiseAND(F.lit(63)).cast("int")).bitwiseAND(F.lit(1))
     return F.when(position > 0, bit == 1).otherwise(F.lit(False))
 
 
-def _long_array(values: list[int]) -> Column:
+def long_array(values: Sequence[int]) -> Column:
     """A constant array of longs: one JSON literal Spark parses once while optimizing, not a
     Column per element (three JVM calls each)."""
     return F.from_json(F.lit(json.dumps(values)), "array<bigint>")

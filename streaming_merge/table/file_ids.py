@@ -50,6 +50,7 @@ class FileIds:
     by_hash: Mapping[int, int]  # path_hash_id -> position, for the others (empty when two collide)
     by_path: Mapping[str, int]  # path as Spark reports it -> position, when two path hashes collide
     shared_sizes: tuple[int, ...]  # the sizes of the files in by_hash or by_path
+    ids: tuple[int, ...] = ()  # each candidate's id, in the candidates' order
 
     @classmethod
     def of(cls, spark: SparkSession, snapshot: Snapshot, candidates: Sequence[DataFile]) -> FileIds:
@@ -59,9 +60,14 @@ class FileIds:
         by_size = {f.size: i for i, f in enumerate(candidates) if sizes[f.size] == 1}
         shared_sizes = tuple(sorted({candidates[i].size for i in shared}))
         by_hash = {path_hash_id(p): i for p, i in zip(paths, shared, strict=True)}
+        ids = [f.size for f in candidates]
         if len(by_hash) == len(shared) and -1 not in by_hash:
-            return cls(by_size, by_hash, {}, shared_sizes)
-        return cls(by_size, {}, dict(zip(paths, shared, strict=True)), shared_sizes)
+            for file_id, i in by_hash.items():
+                ids[i] = file_id
+            return cls(by_size, by_hash, {}, shared_sizes, tuple(ids))
+        for i in shared:
+            ids[i] = _FIRST_PATH_ID - i
+        return cls(by_size, {}, dict(zip(paths, shared, strict=True)), shared_sizes, tuple(ids))
 
     @property
     def needs_paths(self) -> bool:
@@ -80,16 +86,6 @@ class FileIds:
     @functools.cached_property
     def _path_positions(self) -> frozenset[int]:
         return frozenset(self.by_path.values())
-
-    def id_of(self, position: int, size: int, spark_path: str | None) -> int:
-        """The id :meth:`column` gives the rows of the candidate at ``position`` (its ``size``
-        and, for a shared size, its path as Spark reports it)."""
-        if size not in self.shared_sizes:
-            return size
-        if self.by_hash:
-            assert spark_path is not None
-            return path_hash_id(spark_path)
-        return _FIRST_PATH_ID - position
 
     def column(self, size_column: str = FILE_SIZE_COL, path_column: str = FILE_PATH_COL) -> Column:
         """The id of a scanned row's file, from its file size column and, for the shared sizes
