@@ -14,7 +14,7 @@ from urllib.parse import unquote
 import pyarrow as pa
 from deltalake import DeltaTable as _RsTable
 from deltalake.exceptions import TableNotFoundError
-from pyspark.sql.types import ArrayType, DataType, MapType, StructType
+from pyspark.sql.types import ArrayType, DataType, MapType, StructField, StructType
 
 from streaming_merge._profile import count_log_load
 from streaming_merge.errors import DeltaTableError, NotADeltaTableError, UnsupportedTableFeatureError
@@ -267,7 +267,7 @@ def check_writable(snapshot: Snapshot) -> None:
             "does not write change data yet and refuses to write. Disable it with ALTER TABLE ... SET "
             "TBLPROPERTIES."
         )
-    variants = [name for name, data_type in _field_types(snapshot.schema, "") if data_type.typeName() == "variant"]
+    variants = [name for name, column in _fields(snapshot.schema, "") if column.dataType.typeName() == "variant"]
     if variants:
         raise UnsupportedTableFeatureError(
             f"Table `{path}` has VARIANT columns {variants}, which streaming_merge does not write; refusing to write."
@@ -284,8 +284,8 @@ def check_writable(snapshot: Snapshot) -> None:
             f"Table `{path}` has CHECK constraints {constraints}, which streaming_merge does not enforce; "
             "refusing to write."
         )
-    for name, metadata in _field_metadata(snapshot.schema, ""):
-        special = _ENFORCED_FIELD_METADATA & set(metadata)
+    for name, column in _fields(snapshot.schema, ""):
+        special = _ENFORCED_FIELD_METADATA & set(column.metadata or {})
         if special:
             raise UnsupportedTableFeatureError(
                 f"Column `{name}` of table `{path}` carries {sorted(special)}, which streaming_merge "
@@ -298,30 +298,16 @@ _ENFORCED_FIELD_METADATA = frozenset(
 )
 
 
-def _field_types(data_type: DataType, prefix: str) -> Iterator[tuple[str, DataType]]:
-    """(dotted name, type) of every field, nested ones included."""
+def _fields(data_type: DataType, prefix: str) -> Iterator[tuple[str, StructField]]:
+    """(dotted name, field) of every field, nested ones included: Delta allows invariants on
+    fields inside structs, arrays and maps, and a VARIANT may sit anywhere."""
     if isinstance(data_type, StructType):
-        for field in data_type.fields:
-            name = f"{prefix}{field.name}"
-            yield name, field.dataType
-            yield from _field_types(field.dataType, f"{name}.")
+        for child in data_type.fields:
+            name = f"{prefix}{child.name}"
+            yield name, child
+            yield from _fields(child.dataType, f"{name}.")
     elif isinstance(data_type, ArrayType):
-        yield from _field_types(data_type.elementType, f"{prefix}element.")
+        yield from _fields(data_type.elementType, f"{prefix}element.")
     elif isinstance(data_type, MapType):
-        yield from _field_types(data_type.keyType, f"{prefix}key.")
-        yield from _field_types(data_type.valueType, f"{prefix}value.")
-
-
-def _field_metadata(data_type: DataType, prefix: str) -> Iterator[tuple[str, dict[str, Any]]]:
-    """(dotted name, metadata) of every field, nested ones included: Delta allows invariants on
-    fields inside structs, arrays and maps."""
-    if isinstance(data_type, StructType):
-        for field in data_type.fields:
-            name = f"{prefix}{field.name}"
-            yield name, field.metadata or {}
-            yield from _field_metadata(field.dataType, f"{name}.")
-    elif isinstance(data_type, ArrayType):
-        yield from _field_metadata(data_type.elementType, f"{prefix}element.")
-    elif isinstance(data_type, MapType):
-        yield from _field_metadata(data_type.keyType, f"{prefix}key.")
-        yield from _field_metadata(data_type.valueType, f"{prefix}value.")
+        yield from _fields(data_type.keyType, f"{prefix}key.")
+        yield from _fields(data_type.valueType, f"{prefix}value.")
