@@ -46,6 +46,9 @@ OPERATION_KEY = "userOperation"
 COMMIT_ID_KEY = "streamingMergeCommitId"
 ENGINE_INFO = "streaming_merge/0.1.0"
 _CHECKPOINT_INTERVAL = 100
+# A deletion vector this small (a few deleted rows: 30-60 bytes) goes inline into the log as Z85
+# text instead of into the commit's DV file; a commit whose vectors are all small writes no DV file.
+INLINE_DV_MAX_BYTES = 64
 # Characters a Delta log path keeps as they are (what Hadoop's Path.toUri leaves unencoded).
 _PATH_SAFE = "/-_.!~*'(),;:$&+=@"
 
@@ -180,7 +183,8 @@ def commit_with_deletion_vectors(spark: SparkSession, request: CommitRequest,
     vector_file: str | None = None
     try:
         if vectors:
-            stored = write_deletion_vectors(location.log_uri, location.options, [bitmap for _, bitmap in vectors])
+            stored = write_deletion_vectors(location.log_uri, location.options, [bitmap for _, bitmap in vectors],
+                                            inline_max_bytes=INLINE_DV_MAX_BYTES)
             vector_file = stored.file
             request = replace(request, deletion_vectors=[
                 (f, d) for (f, _), d in zip(vectors, stored.descriptors, strict=True)])

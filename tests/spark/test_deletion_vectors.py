@@ -123,8 +123,11 @@ def test_upsert_writes_only_changed_rows_and_time_travel_reads_each_version(spar
     assert (metrics["numTargetRowsUpdated"], metrics["numTargetRowsInserted"], metrics["numTargetRowsCopied"]) == (
         10, 2, 0)
     assert metrics["numTargetFilesRemoved"] == 0 and metrics["numTargetDeletionVectorsAdded"] >= 1
-    # the new files hold exactly the 12 changed rows
+    # the new files hold exactly the 12 changed rows; a DV of two or three rows goes inline
     added = [f for f in load_snapshot(path).files if f.path not in original]
+    vectors = [f.deletion_vector for f in load_snapshot(path).files if f.deletion_vector is not None]
+    assert vectors and all(v.storage_type == "i" for v in vectors)
+    assert not list(Path(path).glob("deletion_vector_*.bin"))
     assert sum(f.num_records or 0 for f in added) == 12
     expected = Counter((k, k * 10, str(k % 7)) for k in range(400) if k % 40)
     expected.update((k, -k, "x") for k in [*range(0, 400, 40), 1000, 1001])
@@ -208,8 +211,9 @@ def test_a_concurrent_dv_change_to_a_file_read_is_a_conflict(spark: SparkSession
             .withOptions(before_commit=concurrent_delete).execute()
     assert delta_rs_rows(path) == our_rows(spark, path) == Counter(
         (k, k * 10, str(k % 7)) for k in range(40) if k != 2)
-    orphans = [n for n in os.listdir(path) if n.startswith("deletion_vector_")]
-    assert len(orphans) == 1, "the failed MERGE must delete the DV file it wrote"
+    # the failed MERGE deleted what it wrote: only the winner's files remain (its one-row DV is inline)
+    assert not [n for n in os.listdir(path) if n.startswith("deletion_vector_")]
+    assert len(list(Path(path).rglob("*.parquet"))) == 1
 
 
 _KILLED_MERGE = textwrap.dedent("""
@@ -225,7 +229,7 @@ _KILLED_MERGE = textwrap.dedent("""
 
     table_commit.commit = killed
     spark = local_session("killed-merge", "local[1]", shuffle_partitions=1)
-    source = spark.createDataFrame([(k, -k, "x") for k in range(0, 40, 4)] + [(999, 0, "new")],
+    source = spark.createDataFrame([(k, -k, "x") for k in range(0, 400, 4)] + [(999, 0, "new")],
                                    "k long, v long, w string")
     (DeltaTable.forPath(spark, sys.argv[1]).alias("t").merge(source.alias("s"), "t.k = s.k")
      .whenMatchedUpdateAll().whenNotMatchedInsertAll().execute())
@@ -235,7 +239,7 @@ _KILLED_MERGE = textwrap.dedent("""
 @pytest.mark.slow
 def test_sigkill_between_the_dv_write_and_the_commit_loses_nothing(spark: SparkSession, tmp_path: Path) -> None:
     path = str(tmp_path / "t")
-    _dv_table(spark, path, rows=40, files=2)
+    _dv_table(spark, path, rows=400, files=2)  # 50 rows a file: DVs too large to go inline
     before = delta_rs_rows(path)
     marker = tmp_path / "written"
     run = subprocess.run([sys.executable, "-c", _KILLED_MERGE, path, str(marker)], capture_output=True, text=True,
@@ -247,7 +251,7 @@ def test_sigkill_between_the_dv_write_and_the_commit_loses_nothing(spark: SparkS
     assert deltalake.DeltaTable(path).version() == 0
     assert delta_rs_rows(path) == before == our_rows(spark, path)
     # and the table takes the same MERGE afterwards
-    source = spark.createDataFrame([(k, -k, "x") for k in range(0, 40, 4)], "k long, v long, w string")
+    source = spark.createDataFrame([(k, -k, "x") for k in range(0, 400, 4)], "k long, v long, w string")
     DeltaTable.forPath(spark, path).alias("t").merge(source.alias("s"), "t.k = s.k").whenMatchedUpdateAll().execute()
-    expected = Counter((k, -k, "x") if k % 4 == 0 else (k, k * 10, str(k % 7)) for k in range(40))
+    expected = Counter((k, -k, "x") if k % 4 == 0 else (k, k * 10, str(k % 7)) for k in range(400))
     assert delta_rs_rows(path) == expected == our_rows(spark, path)

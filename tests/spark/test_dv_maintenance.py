@@ -91,15 +91,15 @@ def test_vacuum_keeps_referenced_dv_files_and_deletes_orphaned_ones(spark: Spark
     path = table_path
     DeltaTable.createFromDataFrame(spark.range(0, 200, numPartitions=1).selectExpr("id", "id * 10 as v"), path,
                                    properties=DV)
-    delete_ids(spark, path, list(range(0, 10)))           # v1: DV A on the file
+    delete_ids(spark, path, list(range(0, 120, 2)))       # v1: DV A on the file (too large to go inline)
     (first,) = dv_files_on_disk(path)
-    delete_ids(spark, path, [50, 60, 70])                 # v2: DV B replaces A; A only in v2's remove
+    delete_ids(spark, path, [101, 111, 121])              # v2: DV B replaces A; A only in v2's remove
     (second,) = dv_files_on_disk(path) - {first}
     [live] = files(path)
     assert live.deletion_vector is not None and live.deletion_vector.relative_path() == second
-    assert live.deleted_rows == 13
+    assert live.deleted_rows == 63
     [remove] = [a["remove"] for a in commit_actions(path, 2) if "remove" in a]
-    assert remove["path"] == live.path and remove["deletionVector"]["cardinality"] == 10
+    assert remove["path"] == live.path and remove["deletionVector"]["cardinality"] == 60
     # A DV file of a MERGE whose commit never happened (the process died after writing it).
     snapshot = load_snapshot(path)
     orphan = write_deletion_vectors(snapshot.location.log_uri, snapshot.location.options,
@@ -107,8 +107,9 @@ def test_vacuum_keeps_referenced_dv_files_and_deletes_orphaned_ones(spark: Spark
     assert orphan is not None
     for name in (first, second, orphan):
         backdate(path, name, 8 * DAY)
-    expected = expected_rows([i for i in range(200) if i >= 10 and i not in (50, 60, 70)])
-    v1_rows = expected_rows(list(range(10, 200)))
+    first_deleted = set(range(0, 120, 2))
+    expected = expected_rows([i for i in range(200) if i not in first_deleted and i not in (101, 111, 121)])
+    v1_rows = expected_rows([i for i in range(200) if i not in first_deleted])
 
     # delta-rs 1.6.6 alone would delete all three, the live DV too (the table would be corrupt).
     listed = deltalake.DeltaTable(path).vacuum(retention_hours=168, dry_run=True, enforce_retention_duration=False,
