@@ -255,3 +255,22 @@ def test_sigkill_between_the_dv_write_and_the_commit_loses_nothing(spark: SparkS
     DeltaTable.forPath(spark, path).alias("t").merge(source.alias("s"), "t.k = s.k").whenMatchedUpdateAll().execute()
     expected = Counter((k, -k, "x") if k % 4 == 0 else (k, k * 10, str(k % 7)) for k in range(400))
     assert delta_rs_rows(path) == expected == our_rows(spark, path)
+
+
+def test_merge_into_a_dv_table_delta_rs_created(spark: SparkSession, tmp_path: Path) -> None:
+    """delta-rs creates a DV table with variantType, invariants and appendOnly among its features;
+    none asks anything of us while unused, so the MERGE writes DVs there, and delta-rs reads them."""
+    path = str(tmp_path / "t")
+    deltalake.write_deltalake(path, pa.table({"k": pa.array(range(100), pa.int64()),
+                                              "v": pa.array(range(100), pa.int64())}),
+                              configuration={"delta.enableDeletionVectors": "true"})
+    assert "variantType" in deltalake.DeltaTable(path).protocol().writer_features
+    source = spark.createDataFrame([(k, -1) for k in range(0, 100, 3)] + [(500, -1)], "k long, v long")
+    metrics = (DeltaTable.forPath(spark, path).alias("t").merge(source.alias("s"), "t.k = s.k")
+               .whenMatchedUpdateAll().whenNotMatchedInsertAll().execute())
+    assert (metrics["numTargetRowsUpdated"], metrics["numTargetRowsInserted"], metrics["numTargetRowsCopied"]) == (
+        34, 1, 0)
+    assert metrics["numTargetDeletionVectorsAdded"] == 1
+    expected = Counter((k, -1 if k % 3 == 0 else k) for k in range(100))
+    expected[(500, -1)] += 1
+    assert delta_rs_rows(path) == expected == our_rows(spark, path)
