@@ -30,8 +30,8 @@ from streaming_merge.errors import (
     UnsupportedTableFeatureError,
 )
 from streaming_merge.table.snapshot import load_snapshot
+from tests.delta_fixtures import FIXTURES
 
-FIXTURES = Path(__file__).resolve().parents[2].parent / "shared" / "fixtures" / "delta-tables"
 DELETION_VECTORS = {"delta.enableDeletionVectors": "true"}
 
 

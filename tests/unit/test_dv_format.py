@@ -3,7 +3,7 @@ finds the descriptors.
 
 Why: a DV read wrongly resurrects deleted rows or loses live ones, and a DV written wrongly
 does the same to every other reader of the table. So the bytes are pinned by hand on tiny
-cases, checked against the real Delta Spark tables in /work/shared/fixtures (their descriptors
+cases, checked against the real Delta Spark tables in shared/fixtures (their descriptors
 and files), and what we write is read back by delta-rs (its own DV reader and its DataFusion
 scan), the engine the rest of the project trusts for the log.
 """
@@ -45,8 +45,8 @@ from streaming_merge.table.deletion_vectors import (
     z85_decode,
     z85_encode,
 )
+from tests.delta_fixtures import FIXTURES
 
-FIXTURES = Path("/work/shared/fixtures/delta-tables")
 SMALL = FIXTURES / "table-with-dv-small"
 LARGE = FIXTURES / "table-with-dv-large"
 SMALL_FILE = "part-00000-fae5310a-a37d-4e51-827b-c3d5516560ca-c000.snappy.parquet"
