@@ -160,7 +160,8 @@ def _commit_file(request: CommitRequest, latest: Snapshot, commit_id: str) -> by
 
 def _checkpoint_if_due(snapshot: Snapshot, version: int) -> None:
     """A checkpoint every ``delta.checkpointInterval`` commits (100 by default), written by
-    delta-rs; the commit has landed already, so a failed checkpoint is only logged."""
+    delta-rs, and the expired commits cleaned up; the commit has landed already, so a failure
+    here is only logged."""
     try:
         interval = int(snapshot.configuration.get("delta.checkpointInterval") or _CHECKPOINT_INTERVAL)
     except ValueError:
@@ -168,7 +169,12 @@ def _checkpoint_if_due(snapshot: Snapshot, version: int) -> None:
     if interval <= 0 or version % interval != 0:
         return
     try:
-        open_table(snapshot.location, version).create_checkpoint()
+        table = open_table(snapshot.location, version)
+        table.create_checkpoint()
+        # As delta-rs' own post-commit hook did: commits older than delta.logRetentionDuration
+        # (30 days) and before the checkpoint go, unless delta.enableExpiredLogCleanup=false.
+        if (snapshot.configuration.get("delta.enableExpiredLogCleanup") or "true").strip().lower() != "false":
+            table.cleanup_metadata()
     except Exception as exc:
         log.warning("Checkpoint of %s at version %d failed (the commit stands): %s", snapshot.table_path,
                     version, exc)

@@ -29,6 +29,7 @@ from streaming_merge.errors import (
     MultipleSourceRowMatchingTargetRowError,
     UnsupportedTableFeatureError,
 )
+from streaming_merge.table import dv_log
 from streaming_merge.table.snapshot import load_snapshot
 from tests.delta_fixtures import FIXTURES
 
@@ -273,4 +274,27 @@ def test_merge_into_a_dv_table_delta_rs_created(spark: SparkSession, tmp_path: P
     assert metrics["numTargetDeletionVectorsAdded"] == 1
     expected = Counter((k, -1 if k % 3 == 0 else k) for k in range(100))
     expected[(500, -1)] += 1
+    assert delta_rs_rows(path) == expected == our_rows(spark, path)
+
+
+def test_a_checkpoint_every_interval_keeps_the_dvs(spark: SparkSession, tmp_path: Path) -> None:
+    """Our commits leave checkpoints to delta-rs every delta.checkpointInterval commits; the
+    checkpoint keeps the DV descriptors, which the next MERGE reads back from it."""
+    path = str(tmp_path / "t")
+    frame = spark.range(0, 200).selectExpr("id AS k", "id AS v")
+    table = DeltaTable.createFromDataFrame(frame.coalesce(1), path,
+                                           properties={**DELETION_VECTORS, "delta.checkpointInterval": "2"})
+    for ks in (range(0, 200, 7), range(1, 200, 7)):  # versions 1 and 2: a checkpoint at 2
+        source = spark.createDataFrame([(k,) for k in ks], "k long")
+        table.alias("t").merge(source.alias("s"), "t.k = s.k").whenMatchedDelete().execute()
+    assert (Path(path) / "_delta_log" / f"{2:020d}.checkpoint.parquet").exists()
+    shutil.rmtree(Path(path) / "_delta_log" / "_commits", ignore_errors=True)
+    for version in (0, 1):  # the checkpoint alone must now carry the file and its DV
+        (Path(path) / "_delta_log" / f"{version:020d}.json").unlink()
+    dv_log.clear_cache()
+    [live] = load_snapshot(path).files
+    assert live.deletion_vector is not None and live.deleted_rows == 2 * len(range(0, 200, 7))
+    source = spark.createDataFrame([(2,)], "k long")
+    table.alias("t").merge(source.alias("s"), "t.k = s.k").whenMatchedDelete().execute()
+    expected = Counter((k, k) for k in range(200) if k % 7 not in (0, 1) and k != 2)
     assert delta_rs_rows(path) == expected == our_rows(spark, path)
