@@ -32,6 +32,7 @@ from streaming_merge._spark_conf import temporary_conf
 from streaming_merge.errors import DeltaTableError, DmlAnalysisError, OptimizeAnalysisError
 from streaming_merge.merge.clauses import expr_text, to_column
 from streaming_merge.merge.command import MergeOptions, translate_overflow
+from streaming_merge.merge.metrics import MetricsMapping
 from streaming_merge.merge.rewrite import FileLayout
 from streaming_merge.merge.skipping import ColumnScope, SkippingPlan, target_only_conjuncts
 from streaming_merge.optimize.predicate import check_partition_only, files_matching
@@ -64,7 +65,7 @@ _BITS = "__sm_dml_bits__"
 _WRITE_DEFAULTS = MergeOptions()
 
 
-class DmlMetrics(Mapping[str, int | None]):
+class DmlMetrics(MetricsMapping):
     """Metrics of one DELETE or UPDATE under Delta's names (DELETE_METRICS / UPDATE_METRICS),
     plus ``num_affected_rows`` (what Delta's SQL command returns) and ``tableVersion`` (the
     version committed; None when nothing matched and nothing was committed). A read-only
@@ -81,19 +82,6 @@ class DmlMetrics(Mapping[str, int | None]):
         data["tableVersion"] = table_version
         self._names = names
         self._data = data
-
-    def __getitem__(self, key: str) -> int | None:
-        return self._data[key]
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._data)
-
-    def __len__(self) -> int:
-        return len(self._data)
-
-    def delta_metrics(self) -> dict[str, int]:
-        """Only Delta's metric names, as stored in the commit's operationMetrics."""
-        return {name: int(self._data[name] or 0) for name in self._names}
 
     def __repr__(self) -> str:
         return f"DmlMetrics({self.operation}, {({k: v for k, v in self._data.items() if v})})"

@@ -7,6 +7,7 @@ A read-only mapping, so ``metrics["numTargetRowsUpdated"]`` reads like Delta's
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
+from typing import Any
 
 DELTA_METRICS: tuple[str, ...] = (
     "numSourceRows",
@@ -41,7 +42,28 @@ DELTA_METRICS: tuple[str, ...] = (
 )
 
 
-class MergeMetrics(Mapping[str, int | bool | None]):
+class MetricsMapping(Mapping[str, Any]):
+    """A read-only mapping of an operation's metrics, so that it reads like Delta's
+    ``operationMetrics``; ``_names`` are Delta's names, the ones a commit stores."""
+
+    _names: tuple[str, ...]
+    _data: dict[str, Any]
+
+    def __getitem__(self, key: str) -> Any:
+        return self._data[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._data)
+
+    def __len__(self) -> int:
+        return len(self._data)
+
+    def delta_metrics(self) -> dict[str, int]:
+        """Only Delta's metric names, as stored in the commit's operationMetrics."""
+        return {name: int(self._data[name] or 0) for name in self._names}
+
+
+class MergeMetrics(MetricsMapping):
     """Metrics of one MERGE: Delta's names, the SQL result columns (num_affected_rows,
     num_updated_rows, num_deleted_rows, num_inserted_rows), ``skipped`` (the app
     transaction had already been applied), ``attempts`` and ``tableVersion``."""
@@ -64,20 +86,8 @@ class MergeMetrics(Mapping[str, int | bool | None]):
         data["skipped"] = skipped
         data["attempts"] = attempts
         data["tableVersion"] = table_version
+        self._names = DELTA_METRICS
         self._data = data
-
-    def __getitem__(self, key: str) -> int | bool | None:
-        return self._data[key]
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._data)
-
-    def __len__(self) -> int:
-        return len(self._data)
-
-    def delta_metrics(self) -> dict[str, int]:
-        """Only Delta's metric names, as stored in the commit's operationMetrics."""
-        return {name: int(self._data[name] or 0) for name in DELTA_METRICS}
 
     def __repr__(self) -> str:
         nonzero = {k: v for k, v in self._data.items() if v}
