@@ -139,7 +139,8 @@ def write_changes_with_deletion_vectors(
     try:
         values = _observed_row(observation)
         changed, matched = _positions(values.pop(_MATCHED, None))
-        counts = {k: int(v or 0) for k, v in values.items()}
+        # No observation (Spark proved the joined rows empty, e.g. no candidate file): all zero.
+        counts = {name: int(values.get(name) or 0) for name in _TARGET_COUNTS}
         counts["numTargetRowsCopied"] = 0
         # Every written row is an updated or an inserted one.
         counts["numTargetRowsInserted"] = (sum(w.num_records for w in written) - counts["numTargetRowsMatchedUpdated"]
@@ -246,13 +247,15 @@ def _action(resolved: ResolvedMerge) -> Column:
             .otherwise(F.lit(DROP)))
 
 
+_TARGET_COUNTS = ("numTargetRowsMatchedUpdated", "numTargetRowsMatchedDeleted",
+                  "numTargetRowsNotMatchedBySourceUpdated", "numTargetRowsNotMatchedBySourceDeleted")
+
+
 def _target_counts(resolved: ResolvedMerge) -> list[Column]:
-    return [action_count(resolved, codes_of(resolved.matched, delete=False), "numTargetRowsMatchedUpdated"),
-            action_count(resolved, codes_of(resolved.matched, delete=True), "numTargetRowsMatchedDeleted"),
-            action_count(resolved, codes_of(resolved.not_matched_by_source, delete=False),
-                         "numTargetRowsNotMatchedBySourceUpdated"),
-            action_count(resolved, codes_of(resolved.not_matched_by_source, delete=True),
-                         "numTargetRowsNotMatchedBySourceDeleted")]
+    codes = (codes_of(resolved.matched, delete=False), codes_of(resolved.matched, delete=True),
+             codes_of(resolved.not_matched_by_source, delete=False), codes_of(resolved.not_matched_by_source,
+                                                                             delete=True))
+    return [action_count(resolved, c, name) for c, name in zip(codes, _TARGET_COUNTS, strict=True)]
 
 
 def _positions(observed: object) -> tuple[np.ndarray, np.ndarray]:

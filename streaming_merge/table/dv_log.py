@@ -60,13 +60,17 @@ def deletion_vector_descriptors(
             for path, add in live_adds(table_url, storage_options, version).items() if add.get("deletionVector")}
 
 
-def live_adds(table_url: str, storage_options: Mapping[str, str] | None, version: int) -> dict[str, dict[str, Any]]:
+def live_adds(table_url: str, storage_options: Mapping[str, str] | None, version: int,
+              table_id: str | None = None) -> dict[str, dict[str, Any]]:
     """Every live file's ``add`` action at ``version``, keyed by its URL-decoded path (the
-    actions are shared with a cache: do not modify them)."""
+    actions are shared with a cache: do not modify them). ``table_id`` (the metaData id) keeps a
+    table dropped and created again at the same place from being answered from the old one's
+    cache."""
     if version < 0:
         raise DeltaTableError(f"Table `{table_url}` has no version {version}")
     table = table_url.rstrip("/")
-    hit, base = _cache.lookup(table, version)
+    key = table if table_id is None else f"{table}#{table_id}"
+    hit, base = _cache.lookup(key, version)
     if hit is not None:
         return dict(hit)
     state: _State | None = None
@@ -74,7 +78,7 @@ def live_adds(table_url: str, storage_options: Mapping[str, str] | None, version
         state = _advance(table, storage_options, base[0], base[1], version)
     if state is None:
         state = _replay(table, storage_options, version)
-    _cache.store(table, version, state)
+    _cache.store(key, version, state)
     return dict(state)
 
 

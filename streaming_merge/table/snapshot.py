@@ -108,6 +108,11 @@ class Snapshot:
         (the feature in the protocol and ``delta.enableDeletionVectors=true``)."""
         return self.has_deletion_vectors and is_enabled(self.configuration, "delta.enableDeletionVectors")
 
+    def log_adds(self) -> dict[str, dict[str, Any]]:
+        """Every live file's ``add`` action as the log holds it, by path (tables with deletion
+        vectors only: the others' logs are not replayed, and this is empty)."""
+        return dict(self._state.get("log_adds") or {})
+
     def log_add(self, path: str) -> dict[str, Any]:
         """The live ``add`` action of ``path`` as the log holds it (only for tables with deletion
         vectors, whose log we replay for the vectors delta-rs does not return)."""
@@ -195,7 +200,7 @@ def _snapshot_of(location: TableLocation, table: _RsTable) -> Snapshot:
     state: dict[str, Any] = {}
     if Protocol.of(protocol).has_deletion_vectors:
         # delta-rs returns no deletion-vector descriptors: they come from the log itself.
-        adds = live_adds(location.log_uri, location.options, table.version())
+        adds = live_adds(location.log_uri, location.options, table.version(), metadata.id)
         state["log_adds"] = adds
         files = [_with_deletion_vector(f, adds.get(f.path), location) for f in files]
     return Snapshot(

@@ -49,7 +49,6 @@ from deltalake.exceptions import DeltaError
 from streaming_merge.errors import ConcurrentModificationError, DeltaTableError, VacuumRetentionError
 from streaming_merge.table.commit import CommitRequest, commit
 from streaming_merge.table.deletion_vectors import NOT_FOUND, DeletionVector, first_line, table_store
-from streaming_merge.table.dv_log import live_adds
 from streaming_merge.table.location import TableLocation, TableRef
 from streaming_merge.table.snapshot import Snapshot, check_writable, load_snapshot
 
@@ -231,8 +230,7 @@ def referenced_dv_files(snapshot: Snapshot, cutoff_ms: int) -> set[str]:
     and from the newest checkpoint (whose tombstones outlive cleaned-up commits when the log's
     retention is shorter than the files')."""
     location = snapshot.location
-    descriptors = [a.get("deletionVector") for a in live_adds(location.log_uri, location.options,
-                                                               snapshot.version).values()]
+    descriptors = [a.get("deletionVector") for a in snapshot.log_adds().values()]
     descriptors += [r.get("deletionVector") for r in _removes_within(snapshot, cutoff_ms)]
     referenced = set()
     for descriptor in descriptors:

@@ -298,3 +298,20 @@ def test_a_checkpoint_every_interval_keeps_the_dvs(spark: SparkSession, tmp_path
     table.alias("t").merge(source.alias("s"), "t.k = s.k").whenMatchedDelete().execute()
     expected = Counter((k, k) for k in range(200) if k % 7 not in (0, 1) and k != 2)
     assert delta_rs_rows(path) == expected == our_rows(spark, path)
+
+
+def test_a_table_created_again_at_the_same_place_is_not_read_from_the_old_ones_log(spark: SparkSession,
+                                                                                tmp_path: Path) -> None:
+    """The replayed add actions are cached per table and version; a table dropped and created
+    again at the same path (same versions, new files) must not be answered from that cache."""
+    path = str(tmp_path / "t")
+    for attempt in range(2):
+        shutil.rmtree(path, ignore_errors=True)
+        table = _dv_table(spark, path, rows=20, files=1)
+        source = spark.createDataFrame([(attempt,)], "k long")
+        table.alias("t").merge(source.alias("s"), "t.k = s.k").whenMatchedDelete().execute()
+        table.alias("t").merge(spark.createDataFrame([(5 + attempt, -1, "x")], "k long, v long, w string")
+                               .alias("s"), "t.k = s.k").whenMatchedUpdateAll().execute()
+        expected = Counter((k, -1, "x") if k == 5 + attempt else (k, k * 10, str(k % 7))
+                           for k in range(20) if k != attempt)
+        assert delta_rs_rows(path) == expected == our_rows(spark, path)
