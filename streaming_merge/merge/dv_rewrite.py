@@ -35,11 +35,12 @@ from streaming_merge.merge.rewrite import (
     ACTION_COL,
     COPY,
     DROP,
+    TARGET_ROW_COUNTS,
     FileLayout,
-    action_count,
     codes_of,
     first_applicable,
     outputs,
+    target_row_counts,
     write_frame,
 )
 from streaming_merge.merge.touched import FILE_ID_COL, MAX_REPORTED_ROWS, MULTIPLE_MATCH_MESSAGE, scan_with_file_ids
@@ -247,15 +248,13 @@ def _action(resolved: ResolvedMerge) -> Column:
             .otherwise(F.lit(DROP)))
 
 
-_TARGET_COUNTS = ("numTargetRowsMatchedUpdated", "numTargetRowsMatchedDeleted",
-                  "numTargetRowsNotMatchedBySourceUpdated", "numTargetRowsNotMatchedBySourceDeleted")
+# What happened to target rows, but for the copied ones: a DV MERGE copies none.
+_TARGET_COUNTS = TARGET_ROW_COUNTS[1:]
 
 
 def _target_counts(resolved: ResolvedMerge) -> list[Column]:
-    codes = (codes_of(resolved.matched, delete=False), codes_of(resolved.matched, delete=True),
-             codes_of(resolved.not_matched_by_source, delete=False), codes_of(resolved.not_matched_by_source,
-                                                                             delete=True))
-    return [action_count(resolved, c, name) for c, name in zip(codes, _TARGET_COUNTS, strict=True)]
+    assert TARGET_ROW_COUNTS[0] == "numTargetRowsCopied"
+    return target_row_counts(resolved)[1:]
 
 
 def _positions(observed: object) -> tuple[np.ndarray, np.ndarray]:

@@ -32,9 +32,9 @@ import pyarrow.parquet as pq
 
 from streaming_merge.errors import DeltaTableError
 from streaming_merge.table.deletion_vectors import DeletionVector
-from streaming_merge.table.store import NOT_FOUND, first_line, table_store
+from streaming_merge.table.store import NOT_FOUND, first_line, get_bytes, table_store
 
-__all__ = ["clear_cache", "deletion_vector_descriptors", "live_adds"]
+__all__ = ["LogListing", "clear_cache", "deletion_vector_descriptors", "list_log", "live_adds", "newest_checkpoint"]
 
 _LOG = "_delta_log/"
 _COMMIT = re.compile(r"^(\d{20})\.json$")
@@ -158,9 +158,13 @@ def _advance(
 
 
 @dataclass
-class _Listing:
-    commits: set[int]
-    checkpoints: dict[int, list[tuple[str, list[tuple[str, int]]]]]  # version -> [(kind, [(path, size)])]
+class LogListing:
+    """What ``_delta_log/`` holds up to a version: each commit's last-modified time (epoch ms),
+    by version, and the complete checkpoints, by version: [(kind, [(path, size)])], kind being
+    "classic", "parquet" (multi-part or UUID-named) or "json"."""
+
+    commits: dict[int, int]
+    checkpoints: dict[int, list[tuple[str, list[tuple[str, int]]]]]
 
 
 def _replay(table: str, storage_options: Mapping[str, str] | None, version: int) -> _State:
@@ -168,9 +172,9 @@ def _replay(table: str, storage_options: Mapping[str, str] | None, version: int)
     JSON commits after that checkpoint. ``_last_checkpoint`` only narrows the listing."""
     store = table_store(table, storage_options)
     hint = _last_checkpoint_version(store)
-    listing = _list_log(store, table, version, hint if hint is not None and hint <= version else None)
+    listing = list_log(store, table, version, hint if hint is not None and hint <= version else None)
     if hint is not None and hint <= version and not _complete_checkpoints(listing, version):
-        listing = _list_log(store, table, version, None)  # a stale or broken hint
+        listing = list_log(store, table, version, None)  # a stale or broken hint
     if version not in listing.commits and version not in _complete_checkpoints(listing, version):
         raise _error(table, version, "the log holds no commit for it (expired and cleaned up, or not committed yet)")
     checkpoints = _complete_checkpoints(listing, version)
@@ -242,11 +246,11 @@ def _last_checkpoint_version(store: Any) -> int | None:
         return None
 
 
-def _list_log(store: Any, table: str, version: int, from_version: int | None) -> _Listing:
+def list_log(store: Any, table: str, version: int, from_version: int | None = None) -> LogListing:
     """Commits and checkpoints up to ``version``, from ``from_version`` on when given (object
     stores list in key order after the offset, so a hint saves listing old entries)."""
     offset = None if from_version is None else f"{_LOG}{from_version:020d}"
-    listing = _Listing(commits=set(), checkpoints={})
+    listing = LogListing(commits={}, checkpoints={})
     parts: dict[tuple[int, int], dict[int, tuple[str, int]]] = {}
     try:
         for batch in obstore.list(store, _LOG, offset=offset):
@@ -259,7 +263,7 @@ def _list_log(store: Any, table: str, version: int, from_version: int | None) ->
                     continue
                 entry = (meta["path"], int(meta["size"]))
                 if _COMMIT.match(name):
-                    listing.commits.add(n)
+                    listing.commits[n] = int(meta["last_modified"].timestamp() * 1000)
                 elif _CLASSIC.match(name):
                     listing.checkpoints.setdefault(n, []).append(("classic", [entry]))
                 elif m := _UUID_NAMED.match(name):
@@ -276,7 +280,7 @@ def _list_log(store: Any, table: str, version: int, from_version: int | None) ->
     return listing
 
 
-def _complete_checkpoints(listing: _Listing, version: int) -> dict[int, tuple[str, list[tuple[str, int]]]]:
+def _complete_checkpoints(listing: LogListing, version: int) -> dict[int, tuple[str, list[tuple[str, int]]]]:
     """One usable checkpoint per version <= ``version``, preferring a classic single file."""
     order = {"classic": 0, "parquet": 1, "json": 2}
     return {
@@ -346,8 +350,14 @@ def _field_type(schema: pa.Schema, name: str) -> pa.DataType | None:
     return None if index < 0 else schema.field(index).type
 
 
+def newest_checkpoint(listing: LogListing, version: int) -> tuple[str, list[tuple[str, int]]] | None:
+    """The newest complete checkpoint at or before ``version``: (kind, [(path, size)])."""
+    checkpoints = _complete_checkpoints(listing, version)
+    return checkpoints[max(checkpoints)] if checkpoints else None
+
+
 def _get(store: Any, path: str) -> bytes:
-    return bytes(obstore.get(store, path).bytes())
+    return get_bytes(store, path)
 
 
 def _open_parquet(store: Any, path: str, size: int | None) -> pq.ParquetFile:

@@ -113,3 +113,8 @@ def put_if_absent(store: Any, path: str, data: bytes) -> bool:
     except AlreadyExistsError:
         return False
     return True
+
+
+def get_bytes(store: Any, path: str) -> bytes:
+    """The whole object at ``path``."""
+    return bytes(obstore.get(store, path).bytes())

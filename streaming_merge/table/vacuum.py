@@ -48,9 +48,11 @@ from deltalake.exceptions import DeltaError
 
 from streaming_merge.errors import ConcurrentModificationError, DeltaTableError, VacuumRetentionError
 from streaming_merge.table.commit import CommitRequest, commit
-from streaming_merge.table.deletion_vectors import NOT_FOUND, DeletionVector, first_line, table_store
+from streaming_merge.table.deletion_vectors import DeletionVector
+from streaming_merge.table.dv_log import list_log, newest_checkpoint
 from streaming_merge.table.location import TableLocation, TableRef
 from streaming_merge.table.snapshot import Snapshot, check_writable, load_snapshot
+from streaming_merge.table.store import NOT_FOUND, first_line, get_bytes, table_store
 
 log = logging.getLogger(__name__)
 
@@ -212,10 +214,6 @@ def _log_operation(location: TableLocation, operation: str, parameters: Mapping[
 # The DV files the log references
 # ---------------------------------------------------------------------------------------------
 
-_LOG = "_delta_log/"
-_COMMIT = re.compile(r"^(\d{20})\.json$")
-_CLASSIC = re.compile(r"^(\d{20})\.checkpoint\.parquet$")
-_MULTIPART = re.compile(r"^(\d{20})\.checkpoint\.(\d{10})\.(\d{10})\.parquet$")
 # A remove written within the retention is in a commit written (modified) after the cutoff, less
 # the clock skew between the writer and the store, which this allows generously.
 _CLOCK_SKEW_MS = 24 * _HOUR_MS
@@ -257,51 +255,25 @@ def _table_relative(vector: DeletionVector, location: TableLocation) -> str | No
 
 def _removes_within(snapshot: Snapshot, cutoff_ms: int) -> Iterator[dict[str, Any]]:
     """The ``remove`` actions at or before ``snapshot.version`` whose ``deletionTimestamp`` is
-    after ``cutoff_ms``."""
+    after ``cutoff_ms``: those of the commits written since the cutoff and of the newest
+    checkpoint (the log's own listing, streaming_merge.table.dv_log)."""
     location = snapshot.location
     store = table_store(location.log_uri, location.options)
-    commits: list[str] = []
-    checkpoints: dict[int, dict[str, Any]] = {}  # version -> {"classic": path} or {(part, total): path}
     try:
-        for batch in obstore.list(store, _LOG):
-            for meta in batch:
-                name = meta["path"][len(_LOG):]
-                if (found := _COMMIT.match(name)) and int(found.group(1)) <= snapshot.version:
-                    modified_ms = int(meta["last_modified"].timestamp() * 1000)
-                    if modified_ms >= cutoff_ms - _CLOCK_SKEW_MS:
-                        commits.append(meta["path"])
-                elif (found := _CLASSIC.match(name)) and int(found.group(1)) <= snapshot.version:
-                    checkpoints.setdefault(int(found.group(1)), {})["classic"] = meta["path"]
-                elif (found := _MULTIPART.match(name)) and int(found.group(1)) <= snapshot.version:
-                    parts = checkpoints.setdefault(int(found.group(1)), {})
-                    parts[(int(found.group(2)), int(found.group(3)))] = meta["path"]
-        removes = [r for path in commits for r in _commit_removes(_get(store, path), path)]
-        checkpoint = _newest_complete(checkpoints)
-        for path in checkpoint:
-            removes += _checkpoint_removes(_get(store, path))
+        listing = list_log(store, location.log_uri, snapshot.version)
+        commits = [f"_delta_log/{v:020d}.json" for v, modified_ms in sorted(listing.commits.items())
+                   if modified_ms >= cutoff_ms - _CLOCK_SKEW_MS]
+        removes = [r for path in commits for r in _commit_removes(get_bytes(store, path), path)]
+        checkpoint = newest_checkpoint(listing, snapshot.version)
+        for path, _ in checkpoint[1] if checkpoint is not None else ():
+            data = get_bytes(store, path)
+            removes += (_commit_removes(data, path) if checkpoint[0] == "json" else _checkpoint_removes(data))
     except DeltaTableError:
         raise
     except Exception as exc:
         raise DeltaTableError(f"VACUUM cannot read the removes in the log of `{location}`: {first_line(exc)}") \
             from exc
     return (r for r in removes if int(r.get("deletionTimestamp") or 0) > cutoff_ms)
-
-
-def _newest_complete(checkpoints: Mapping[int, Mapping[Any, str]]) -> list[str]:
-    """The files of the newest checkpoint: a classic one, or a multi-part one with every part."""
-    for version in sorted(checkpoints, reverse=True):
-        found = checkpoints[version]
-        if "classic" in found:
-            return [found["classic"]]
-        totals = {key[1] for key in found}
-        for total in totals:
-            if all((part, total) in found for part in range(1, total + 1)):
-                return [found[(part, total)] for part in range(1, total + 1)]
-    return []
-
-
-def _get(store: Any, path: str) -> bytes:
-    return bytes(obstore.get(store, path).bytes())
 
 
 def _commit_removes(data: bytes, path: str) -> Iterable[dict[str, Any]]:

@@ -469,7 +469,7 @@ def test_a_newer_version_applies_only_the_newer_commits(tmp_path: Path, monkeypa
     def no_listing(*args: object) -> None:
         raise AssertionError("a cached older version must be advanced, not replayed from a listing")
 
-    monkeypatch.setattr(dv_log, "_list_log", no_listing)
+    monkeypatch.setattr(dv_log, "list_log", no_listing)
     assert dv_log.deletion_vector_descriptors(url, None, 3) == dv_log.deletion_vector_descriptors(url, None, 4)
     assert len(dv_log.deletion_vector_descriptors(url, None, 4)) == 8
     first.clear()  # callers get copies: the cache is not theirs to change
@@ -490,4 +490,4 @@ def test_store_options_in_delta_rs_spelling() -> None:
     assert store.config["endpoint"] == "http://localhost:9000"
     assert store.client_options == {"allow_http": "true"}
     with pytest.raises(DeltaTableError, match="hdfs://nn/t"):
-        dvs.table_store("hdfs://nn/t", None)
+        store_module.table_store("hdfs://nn/t", None)
