@@ -37,6 +37,7 @@ from streaming_merge._profile import phase
 from streaming_merge._slots import task_slots
 from streaming_merge._spark_conf import temporary_conf
 from streaming_merge.errors import MaterializedSourceLostError, MergeAssignmentOverflowError
+from streaming_merge.merge.change_data import records_change_data
 from streaming_merge.merge.clauses import ClauseSet, MergeClause, expr_text
 from streaming_merge.merge.dv_rewrite import write_changes_with_deletion_vectors
 from streaming_merge.merge.key_presence import DEFAULT_KEY_PRESENCE_MAX_FILES, KeyPresenceProbe, key_presence_probe
@@ -364,6 +365,7 @@ def _resolve(spark: SparkSession, request: MergeRequest, clauses: ClauseSet, sna
                 return cached
     resolved = resolve_merge(spark, request.source, request.source_alias, snapshot.schema,
                              request.target_alias, request.condition, clauses, request.schema_evolution)
+    resolved = replace(resolved, change_data=records_change_data(snapshot))
     scope = ColumnScope(request.target_alias, request.source_alias, [f.name for f in snapshot.schema.fields],
                         request.source.columns)
     pairs = key_pairs(request.condition, scope)
@@ -395,7 +397,8 @@ def _resolution_key(spark: SparkSession, request: MergeRequest, clauses: ClauseS
     # wrapper of the query's one session, and keying by it made every batch resolve afresh.
     return (spark._jsparkSession.sessionUUID(), request.source.schema.json(), request.source_alias,
             snapshot.schema.json(), tuple(snapshot.partition_columns), request.target_alias,
-            request.schema_evolution, request.options.source_key_range_skipping, tuple(flat))
+            request.schema_evolution, request.options.source_key_range_skipping, records_change_data(snapshot),
+            tuple(flat))
 
 
 def _prepare_source(spark: SparkSession, request: MergeRequest, clauses: ClauseSet, level: str | None,
@@ -538,15 +541,23 @@ def _commit_merge(spark: SparkSession, request: MergeRequest, snapshot: Snapshot
     the vectors this MERGE wrote are deleted again (commit_with_deletion_vectors), so nothing of
     it lingers."""
     options = request.options
+    data = [w for w in written if not w.change_data]
+    changes = [w for w in written if w.change_data]
     metrics.update({
         "numTargetFilesRemoved": len(removed),
         "numTargetBytesRemoved": sum(f.size for f in removed),
         "numTargetPartitionsRemovedFrom": _partitions(snapshot, [*removed, *(f for f, _ in vectors)]),
-        "numTargetFilesAdded": len(written),
-        "numTargetBytesAdded": sum(w.size for w in written),
-        "numTargetPartitionsAddedTo": len({tuple(sorted(w.partition_values.items())) for w in written})
+        "numTargetFilesAdded": len(data),
+        "numTargetBytesAdded": sum(w.size for w in data),
+        "numTargetPartitionsAddedTo": len({tuple(sorted(w.partition_values.items())) for w in data})
         if snapshot.partition_columns else 0,
+        "numTargetChangeFilesAdded": len(changes),
+        "numTargetChangeFileBytes": sum(w.size for w in changes),
     })
+    # With change data on, every row a rewrite changes has a change row; a rewrite with none
+    # changed no row (every row copied as it was), and readers must not take its files as
+    # deleted and inserted rows: it is committed as a rewrite that changes no data, as OPTIMIZE's.
+    unchanged = resolved.change_data and not changes and bool(removed or vectors)
     try:
         if options.before_commit is not None:
             options.before_commit()
@@ -567,6 +578,7 @@ def _commit_merge(spark: SparkSession, request: MergeRequest, snapshot: Snapshot
                 app_version=request.app_version,
                 read_files=candidates,
                 concurrent_append_filter=_append_filter(spark, skipping),
+                data_change=not unchanged,
             ), vectors)
     except BaseException:
         delete_written(spark, snapshot.location, written)  # also when before_commit or add_columns failed

@@ -30,6 +30,7 @@ from pyspark.sql import functions as F
 from streaming_merge._profile import phase
 from streaming_merge._slots import task_slots
 from streaming_merge.errors import MultipleSourceRowMatchingTargetRowError
+from streaming_merge.merge.change_data import preimage_columns, preimage_names, with_change_rows
 from streaming_merge.merge.resolve import SOURCE_PRESENT, TARGET_PRESENT, ResolvedClause, ResolvedMerge
 from streaming_merge.merge.rewrite import (
     ACTION_COL,
@@ -134,7 +135,7 @@ def write_changes_with_deletion_vectors(
         join = ("full_outer" if resolved.not_matched else "left_outer") if resolved.not_matched_by_source else (
             "right_outer" if resolved.not_matched else "inner")
         observed = _observed(resolved, tgt.join(src, resolved.condition, join), resolved.all, observation, position)
-        output = observed.filter(_written(resolved, resolved.all)).select(*_names(resolved))
+        output = _with_changes(resolved, observed.filter(_written(resolved, resolved.all)).select(*_names(resolved)))
     with phase(spark, "dvJoinWrite"):
         written = write_frame(spark, snapshot, output, resolved, layout)
     try:
@@ -144,7 +145,8 @@ def write_changes_with_deletion_vectors(
         counts = {name: int(values.get(name) or 0) for name in _TARGET_COUNTS}
         counts["numTargetRowsCopied"] = 0
         # Every written row is an updated or an inserted one.
-        counts["numTargetRowsInserted"] = (sum(w.num_records for w in written) - counts["numTargetRowsMatchedUpdated"]
+        counts["numTargetRowsInserted"] = (sum(w.num_records for w in written if not w.change_data)
+                                           - counts["numTargetRowsMatchedUpdated"]
                                            - counts["numTargetRowsNotMatchedBySourceUpdated"])
         if not resolved.clauses.is_only_one_unconditional_delete:
             _check_single_matches(snapshot, candidates, matched)
@@ -165,7 +167,8 @@ def _observed(resolved: ResolvedMerge, joined: DataFrame, clauses: Sequence[Reso
     this narrow row (see rewrite.observed_output)."""
     with_action = joined.withColumn(ACTION_COL, _action(resolved))
     narrow = with_action.select(*outputs(resolved, clauses, False), F.col(ACTION_COL), F.col(SOURCE_ROW_ID),
-                                _packed_position(resolved, position).alias(_PACKED))
+                                _packed_position(resolved, position).alias(_PACKED),
+                                *(preimage_columns(resolved) if resolved.change_data else []))
     return narrow.observe(observation, *_target_counts(resolved),
                           F.concat_ws(",", F.collect_list(_PACKED).cast("array<string>")).alias(_MATCHED))
 
@@ -199,14 +202,25 @@ def _observed_row(observation: Observation) -> dict[str, Any]:
 
 
 def _names(resolved: ResolvedMerge) -> list[str]:
-    return [f"`{f.name}`" for f in resolved.output_schema.fields]
+    """The columns a written row carries up to the write: the output columns, and with change
+    data the action and the target's values (see _with_changes)."""
+    names = [f"`{f.name}`" for f in resolved.output_schema.fields]
+    if resolved.change_data:
+        names += [ACTION_COL, *preimage_names(resolved.output_schema)]
+    return names
+
+
+def _with_changes(resolved: ResolvedMerge, rows: DataFrame) -> DataFrame:
+    """The rows to write: as they are, or with change data their data and change rows."""
+    return with_change_rows(resolved, rows, resolved.all, keep_copies=False) if resolved.change_data else rows
 
 
 def _written(resolved: ResolvedMerge, clauses: Sequence[ResolvedClause]) -> Column:
-    """Whether a row of ``clauses``' actions is written: an update or an insert. With none of
-    those nothing is written, but the job must still read every row for the observation: a
-    filter Spark can prove false would make it drop the whole subtree."""
-    codes = codes_of(clauses, delete=False)
+    """Whether a row of ``clauses``' actions is written: an update or an insert, and with change
+    data a delete too (as its change row). With none of those nothing is written, but the job
+    must still read every row for the observation: a filter Spark can prove false would make it
+    drop the whole subtree."""
+    codes = [c.code for c in clauses] if resolved.change_data else codes_of(clauses, delete=False)
     return F.col(ACTION_COL).isin(codes) if codes else F.spark_partition_id() < 0
 
 
@@ -225,18 +239,20 @@ def _streamed_past_source(spark: SparkSession, resolved: ResolvedMerge, tgt: Dat
     unmatched_target = observed.filter(F.col(SOURCE_ROW_ID).isNull() & updated).select(*names)
     if not resolved.not_matched:
         written = observed.filter(F.col(SOURCE_ROW_ID).isNotNull() & updated).select(*names)
-        return written.unionByName(unmatched_target) if resolved.not_matched_by_source else written
+        return _with_changes(resolved, written.unionByName(unmatched_target) if resolved.not_matched_by_source
+                             else written)
     joined_rows = observed.filter(F.col(SOURCE_ROW_ID).isNotNull()).select(
-        *names, F.col(ACTION_COL), F.col(SOURCE_ROW_ID), F.lit(1).alias(_BRANCH))
+        *names, *([] if resolved.change_data else [F.col(ACTION_COL)]), F.col(SOURCE_ROW_ID), F.lit(1).alias(_BRANCH))
     source_rows = (src.withColumn(ACTION_COL, first_applicable(resolved, resolved.not_matched, DROP))
                    .select(*outputs(resolved, resolved.not_matched, False), F.col(ACTION_COL), F.col(SOURCE_ROW_ID),
-                           F.lit(0).alias(_BRANCH)))
+                           F.lit(0).alias(_BRANCH),
+                           *(preimage_columns(resolved, present=False) if resolved.change_data else [])))
     row_id = F.col(SOURCE_ROW_ID)
     met = (joined_rows.unionByName(source_rows).repartition(max(1, layout.files(task_slots(spark))), row_id)
            .withColumn(_JOINED, F.max(_BRANCH).over(Window.partitionBy(row_id))))
     is_insert = (F.col(_BRANCH) == 0) & (F.col(_JOINED) == 0) & (F.col(ACTION_COL) != DROP)
     kept = met.filter(((F.col(_BRANCH) == 1) & updated) | is_insert).select(*names)
-    return kept.unionByName(unmatched_target) if resolved.not_matched_by_source else kept
+    return _with_changes(resolved, kept.unionByName(unmatched_target) if resolved.not_matched_by_source else kept)
 
 
 def _action(resolved: ResolvedMerge) -> Column:

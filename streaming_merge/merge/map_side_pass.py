@@ -102,7 +102,8 @@ def write_map_side_one_pass(spark: SparkSession, snapshot: Snapshot, candidates:
             F.broadcast(_key_frame(spark, matched_keys, source, probe.source_keys).alias("m")),
             _same_keys(probe.source_keys), "left_anti")
         rest = write_inserts_only(spark, snapshot, [], source, resolved, layout=inserts_layout,
-                                  source_count_metric="unmatchedSourceRows", unmatched_source=unmatched)
+                                  source_count_metric="unmatchedSourceRows", unmatched_source=unmatched,
+                                  change_rows=resolved.change_data)
     except BaseException:
         delete_written(spark, snapshot.location, written)
         raise

@@ -60,6 +60,10 @@ class ResolvedMerge:
     output_schema: StructType
     target_alias: str
     source_alias: str
+    # The target's own columns (output_schema may add some: schema evolution).
+    target_columns: frozenset[str] = frozenset()
+    # The table records change data (delta.enableChangeDataFeed): rewrites write change rows too.
+    change_data: bool = False
     # Expressions derived from this MERGE alone (the rewrite's action codes, outputs and
     # counts), built by the first MERGE that needs them: a resolved MERGE is reused by every
     # micro-batch of a stream, and building them is hundreds of Python→JVM round trips.
@@ -141,6 +145,7 @@ def resolve_merge(
         output_schema=output_schema,
         target_alias=target_alias,
         source_alias=source_alias,
+        target_columns=frozenset(target_schema.fieldNames()),
     )
 
 

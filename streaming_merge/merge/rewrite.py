@@ -19,6 +19,7 @@ from pyspark.sql import functions as F
 
 from streaming_merge._slots import task_slots
 from streaming_merge._spark_conf import temporary_conf
+from streaming_merge.merge.change_data import preimage_columns, with_change_rows
 from streaming_merge.merge.resolve import (
     SOURCE_PRESENT,
     TARGET_PRESENT,
@@ -191,13 +192,17 @@ def observed_output(resolved: ResolvedMerge, with_action: DataFrame, clauses: Se
 
     def build() -> tuple[list[Column], list[Column], Column, list[Column]]:
         narrow = [*outputs(resolved, clauses, copy_from_target), F.col(ACTION_COL),
-                  *[a.value.alias(a.input_column) for a in row_aggregates]]
+                  *[a.value.alias(a.input_column) for a in row_aggregates],
+                  *(preimage_columns(resolved) if resolved.change_data else [])]
         aggregates = [a.aggregate(F.col(a.input_column)).alias(a.name) for a in row_aggregates]
         kept = ~F.col(ACTION_COL).isin(list(dropped))
         return narrow, aggregates, kept, [F.col(f"`{name}`") for name in resolved.output_schema.fieldNames()]
 
     narrow, aggregates, kept, written = resolved.derive(("observed-output", key), build)
-    return with_action.select(*narrow).observe(observation, *counts, *aggregates).filter(kept).select(*written)
+    observed_rows = with_action.select(*narrow).observe(observation, *counts, *aggregates)
+    if resolved.change_data:
+        return with_change_rows(resolved, observed_rows, clauses, keep_copies=copy_from_target)
+    return observed_rows.filter(kept).select(*written)
 
 
 @dataclass(frozen=True)
@@ -224,10 +229,12 @@ class FileLayout:
 
 def write_frame(spark: SparkSession, snapshot: Snapshot, frame: DataFrame, resolved: ResolvedMerge,
                 layout: FileLayout, inserts: DataFrame | None = None, parallelism: int | None = None,
-                map_side: bool = False) -> list[WrittenFile]:
+                map_side: bool = False, change_data: bool | None = None) -> list[WrittenFile]:
     """Write ``frame`` (and ``inserts``, rows of a plan of their own) as the layout says;
     ``parallelism``: the task slots when the caller already asked Spark for them; ``map_side``:
-    ``frame`` is the target's scan with no exchange after it (a map-side rewrite).
+    ``frame`` is the target's scan with no exchange after it (a map-side rewrite);
+    ``change_data``: the rows carry ``_change_type`` (streaming_merge.merge.change_data; by
+    default when the table records change data).
 
     An unpartitioned write into several files coalesces its input partitions, and Spark groups
     them by count, not by size: a map-side rewrite's scan, packed into as few partitions as
@@ -255,7 +262,8 @@ def write_frame(spark: SparkSession, snapshot: Snapshot, frame: DataFrame, resol
             split_conf = scan_split_conf(layout, session_max)
         frame = frame.coalesce(files)
     with temporary_conf(spark, split_conf):
-        return write_files(spark, frame, snapshot.location, resolved.output_schema, partition_columns)
+        return write_files(spark, frame, snapshot.location, resolved.output_schema, partition_columns,
+                           change_data=resolved.change_data if change_data is None else change_data)
 
 
 def scan_split_conf(layout: FileLayout, session_max: int) -> dict[str, str]:
@@ -435,6 +443,10 @@ def inserted_rows(resolved: ResolvedMerge, unmatched: DataFrame, observation: Ob
                             action_count(resolved, codes_of(resolved.not_matched, delete=False),
                                          "numTargetRowsInserted"),
                             *also))
+    if resolved.change_data:
+        return with_change_rows(resolved, with_action.select(
+            *outputs(resolved, resolved.not_matched, copy_from_target=False), F.col(ACTION_COL)),
+            resolved.not_matched, keep_copies=False)
     return (with_action.filter(F.col(ACTION_COL) != DROP)
             .select(*outputs(resolved, resolved.not_matched, copy_from_target=False)))
 
@@ -469,10 +481,13 @@ def write_inserts_only(
     source_count_metric: str,
     key_pairs: Sequence[tuple[str, str]] = (),
     unmatched_source: DataFrame | None = None,
+    change_rows: bool = False,
 ) -> RewriteResult:
     """Insert the source rows that match no target row (left anti join, both sides
     hash-partitioned on the keys: no broadcast job); remove nothing. ``unmatched_source``
-    is used as is when findTouchedFiles already found those rows."""
+    is used as is when findTouchedFiles already found those rows. ``change_rows``: the inserts
+    are part of a commit that writes change data, so they also go there (a commit of inserts
+    alone writes none: readers take its added files as inserted rows)."""
     src_obs, out_obs = Observation(), Observation()
     if unmatched_source is not None:
         unmatched = unmatched_source.alias(resolved.source_alias).observe(src_obs, F.count(F.lit(1)).alias("rows"))
@@ -491,9 +506,14 @@ def write_inserts_only(
     with_action = unmatched.withColumn(ACTION_COL, first_applicable(resolved, resolved.not_matched, DROP)).observe(
         out_obs, action_count(resolved, codes_of(resolved.not_matched, delete=False), "numTargetRowsInserted")
     )
-    output = with_action.filter(F.col(ACTION_COL) != DROP).select(
-        *outputs(resolved, resolved.not_matched, copy_from_target=False))
-    written = write_frame(spark, snapshot, output, resolved, layout)
+    if change_rows:
+        output = with_change_rows(resolved, with_action.select(
+            *outputs(resolved, resolved.not_matched, copy_from_target=False), F.col(ACTION_COL)),
+            resolved.not_matched, keep_copies=False)
+    else:
+        output = with_action.filter(F.col(ACTION_COL) != DROP).select(
+            *outputs(resolved, resolved.not_matched, copy_from_target=False))
+    written = write_frame(spark, snapshot, output, resolved, layout, change_data=change_rows)
     counts = observed(out_obs)
     counts[source_count_metric] = observed(src_obs).get("rows", 0)
     return RewriteResult(written, counts)

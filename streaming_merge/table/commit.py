@@ -154,7 +154,10 @@ def _commit_file(request: CommitRequest, latest: Snapshot, commit_id: str) -> by
         actions.append({"remove": remove_action(kept, now, request.data_change)})
         actions.append({"add": readd_action(request.snapshot, kept, vector, request.data_change)})
     for added in request.adds:
-        actions.append({"add": add_action(added, request.data_change)})
+        if added.change_data:
+            actions.append({"cdc": cdc_action(added)})
+        else:
+            actions.append({"add": add_action(added, request.data_change)})
     return "".join(json.dumps(a, separators=(",", ":")) + "\n" for a in actions).encode("utf-8")
 
 
@@ -290,6 +293,12 @@ def log_path(relative: str) -> str:
 def add_action(added: WrittenFile, data_change: bool) -> dict[str, Any]:
     return {"path": log_path(added.path), "partitionValues": dict(added.partition_values), "size": added.size,
             "modificationTime": added.modification_time, "dataChange": data_change, "stats": added.stats}
+
+
+def cdc_action(added: WrittenFile) -> dict[str, Any]:
+    """A change data file: never a data change itself (PROTOCOL.md, "Add CDC File")."""
+    return {"path": log_path(added.path), "partitionValues": dict(added.partition_values), "size": added.size,
+            "dataChange": False}
 
 
 def remove_action(removed: DataFile, now: int, data_change: bool) -> dict[str, Any]:

@@ -9,17 +9,24 @@ feature that asks nothing of a writer while unused (``appendOnly`` is a property
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 DELETION_VECTORS = "deletionVectors"
+CHANGE_DATA_FEED = "changeDataFeed"
+# The legacy writer version that brings change data feed (and, with it, generated columns).
+CHANGE_DATA_FEED_WRITER_VERSION = 4
 FEATURES_READER_VERSION = 3
 FEATURES_WRITER_VERSION = 7
 
-# Reader and writer features we keep correct.
+# Reader and writer features we keep correct. checkConstraints and generatedColumns come with
+# writer version 4 (change data feed): they ask nothing while no constraint or generated column
+# exists, and check_writable refuses a table that has one.
 SUPPORTED_READER_FEATURES = frozenset({"timestampNtz", DELETION_VECTORS, "variantType", "variantType-preview"})
 SUPPORTED_WRITER_FEATURES = frozenset({"appendOnly", "timestampNtz", "invariants", DELETION_VECTORS, "variantType",
-                                       "variantType-preview"})
+                                       "variantType-preview", CHANGE_DATA_FEED, "checkConstraints",
+                                       "generatedColumns"})
 
 # The writer features a legacy writer version implies (PROTOCOL.md, "Table Features for New and
 # Existing Tables"); reader version 2 implies column mapping.
@@ -86,15 +93,38 @@ class Protocol:
         return Protocol(FEATURES_READER_VERSION, FEATURES_WRITER_VERSION, tuple(readers), tuple(writers))
 
 
+    @property
+    def has_change_data_feed(self) -> bool:
+        return CHANGE_DATA_FEED in self.writer_feature_set()
+
+    def with_change_data_feed(self) -> Protocol:
+        """This protocol able to record change data: writer version 4 on a legacy protocol, the
+        ``changeDataFeed`` writer feature on a table-features one (PROTOCOL.md, "Change Data Feed")."""
+        if self.has_change_data_feed:
+            return self
+        if self.min_writer_version >= FEATURES_WRITER_VERSION:
+            return Protocol(self.min_reader_version, self.min_writer_version, self.reader_features,
+                            tuple(sorted({*(self.writer_features or ()), CHANGE_DATA_FEED})))
+        return Protocol(self.min_reader_version, CHANGE_DATA_FEED_WRITER_VERSION, self.reader_features,
+                        self.writer_features)
+
+    def required_by(self, configuration: Mapping[str, str | None]) -> Protocol:
+        """This protocol upgraded as far as the table properties ``configuration`` need."""
+        protocol = self
+        if is_enabled(configuration, "delta.enableDeletionVectors"):
+            protocol = protocol.with_deletion_vectors()
+        if is_enabled(configuration, "delta.enableChangeDataFeed"):
+            protocol = protocol.with_change_data_feed()
+        return protocol
+
+
 DEFAULT_PROTOCOL = Protocol(1, 2)
 
 
 def protocol_for_new_table(configuration: dict[str, str]) -> Protocol:
     """The protocol a new table with these properties needs."""
-    if is_enabled(configuration, "delta.enableDeletionVectors"):
-        return DEFAULT_PROTOCOL.with_deletion_vectors()
-    return DEFAULT_PROTOCOL
+    return DEFAULT_PROTOCOL.required_by(configuration)
 
 
-def is_enabled(configuration: dict[str, str | None] | dict[str, str], key: str) -> bool:
+def is_enabled(configuration: Mapping[str, str | None] | Mapping[str, str], key: str) -> bool:
     return (configuration.get(key) or "false").strip().lower() == "true"

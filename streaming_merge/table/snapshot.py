@@ -266,11 +266,11 @@ def check_writable(snapshot: Snapshot) -> None:
             f"{protocol.min_reader_version} / writer {protocol.min_writer_version}) lacks the deletionVectors "
             "feature; upgrade it with DeltaTable.enableDeletionVectors() first."
         )
-    if is_enabled(config, "delta.enableChangeDataFeed"):
+    if is_enabled(config, "delta.enableChangeDataFeed") and not Protocol.of(protocol).has_change_data_feed:
         raise UnsupportedTableFeatureError(
-            f"Table `{path}` has change data feed enabled (delta.enableChangeDataFeed=true); streaming_merge "
-            "does not write change data yet and refuses to write. Disable it with ALTER TABLE ... SET "
-            "TBLPROPERTIES."
+            f"Table `{path}` sets delta.enableChangeDataFeed=true but its protocol (reader "
+            f"{protocol.min_reader_version} / writer {protocol.min_writer_version}) cannot record change data; "
+            "upgrade it with DeltaTable.setProperties({'delta.enableChangeDataFeed': 'true'}) first."
         )
     variants = [name for name, column in _fields(snapshot.schema, "") if column.dataType.typeName() == "variant"]
     if variants:

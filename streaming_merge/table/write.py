@@ -52,6 +52,12 @@ log = logging.getLogger(__name__)
 
 HIVE_NULL = "__HIVE_DEFAULT_PARTITION__"
 WRITE_FOLDER_PREFIX = "sm-write-"
+# Change data (delta.enableChangeDataFeed): the column that names a change row's kind, and the
+# folder level one write splits its change rows from its data rows by (as Delta's writer splits
+# them by a partition column of its own). Not hidden (no leading ``_``): delta-rs' and Delta's
+# VACUUM skip hidden folders, and data files must not sit where they would never be vacuumed.
+CHANGE_TYPE_COL = "_change_type"
+_CHANGE_FOLDER_COL = "sm_change_data"
 NOT_NULL_VIOLATION = "NOT NULL constraint violated for column:"  # Delta's text
 STRING_STATS_PREFIX = 32  # as Delta: longer strings get no min/max rather than truncated ones
 _STATS_TYPES = (BooleanType, ByteType, ShortType, IntegerType, LongType, DateType, StringType,
@@ -79,6 +85,8 @@ class WrittenFile:
     num_records: int
     stats: str  # Delta stats JSON
     modification_time: int
+    # A change data file (committed as a ``cdc`` action), not a data file.
+    change_data: bool = False
 
 
 @contextlib.contextmanager
@@ -105,11 +113,14 @@ def write_files(
     table_path: TableRef,
     schema: StructType,
     partition_columns: list[str],
+    change_data: bool = False,
 ) -> list[WrittenFile]:
     """Write ``df`` (already in ``schema``'s column order) into a new folder of the table.
 
     Returns the written files with their stats; empty files are deleted, not returned.
-    On failure every file of this write is removed again.
+    On failure every file of this write is removed again. With ``change_data`` ``df`` has a
+    last column ``_change_type``: its rows with one go to change data files (``change_data``
+    set), the others to data files, which keep the column, all NULL, as Delta's do.
     """
     location = resolve(table_path, spark)
     folder_name = f"{WRITE_FOLDER_PREFIX}{uuid.uuid4().hex}"
@@ -117,9 +128,14 @@ def write_files(
     files = HadoopFiles(spark, location.uri)
     try:
         with parquet_write_conf(spark), _job_group(spark) as group:
-            writer = _enforce_not_null(df, schema).write.mode("errorifexists").options(**_COMMITTER_OPTIONS)
-            if partition_columns:
-                writer = writer.partitionBy(*partition_columns)
+            checked = _enforce_not_null(df, schema)
+            folders = list(partition_columns)
+            if change_data:
+                checked = checked.withColumn(_CHANGE_FOLDER_COL, F.col(CHANGE_TYPE_COL).isNotNull())
+                folders.insert(0, _CHANGE_FOLDER_COL)
+            writer = checked.write.mode("errorifexists").options(**_COMMITTER_OPTIONS)
+            if folders:
+                writer = writer.partitionBy(*folders)
             try:
                 writer.parquet(folder)
             except Exception as exc:
@@ -146,14 +162,18 @@ def write_files(
                 files.delete(status.path)
                 continue
             partition_dirs = relative.split("/")[1:-1]  # between the write folder and the file name
+            is_change = False
+            if change_data:
+                is_change = partition_dirs.pop(0) == f"{_CHANGE_FOLDER_COL}=true"
             written.append(
                 WrittenFile(
                     path=relative,
                     size=status.size,
                     partition_values=_partition_values(spark, partition_dirs, partition_columns),
                     num_records=metadata.num_rows,
-                    stats=footer_stats(metadata, schema, partition_columns),
+                    stats="" if is_change else footer_stats(metadata, schema, partition_columns),
                     modification_time=status.modification_time,
+                    change_data=is_change,
                 )
             )
         if not written:  # e.g. the empty file Spark writes for an empty DataFrame: no folder either
