@@ -170,11 +170,16 @@ def apply_merge(
     clauses: Sequence[Clause],
     *,
     columns: Sequence[str] | None = None,
+    changes: list[tuple[str, Row]] | None = None,
 ) -> tuple[list[Row], dict[str, int]]:
     """Return (the target's rows after the MERGE, the predicted row-count metrics).
 
     ``columns`` are the target's columns (default: the keys of the first target row, else of the
     first source row). Raises ``InvalidClauses`` or ``MultipleMatches`` as described above.
+    ``changes``, when given, receives the change data feed's rows as (``_change_type``, row):
+    ``update_preimage`` and ``update_postimage`` for an updated target row, ``delete`` for a
+    deleted one, ``insert`` for an inserted source row (also filled before
+    ``AmbiguousMultipleMatches`` is raised, for its outcome).
     """
     validate(clauses)
     if columns is None:
@@ -195,7 +200,8 @@ def apply_merge(
     for t, ms in conflicts:
         if not matched_only or any(_first(matched, t, s) is not None for s in ms):
             raise MultipleMatches(f"{len(ms)} source rows match target row {t}")
-    rows, counts = _merged(target_rows, source_rows, on, matched, not_matched, by_source, matches, columns)
+    rows, counts = _merged(target_rows, source_rows, on, matched, not_matched, by_source, matches, columns,
+                           changes if changes is not None else [])
     if conflicts:
         t, ms = conflicts[0]
         raise AmbiguousMultipleMatches(
@@ -206,7 +212,7 @@ def apply_merge(
 def _merged(
     target_rows: Sequence[Row], source_rows: Sequence[Row], on: Callable[[Row, Row], bool | None],
     matched: Sequence[Clause], not_matched: Sequence[Clause], by_source: Sequence[Clause],
-    matches: Sequence[Sequence[Row]], columns: Sequence[str],
+    matches: Sequence[Sequence[Row]], columns: Sequence[str], changes: list[tuple[str, Row]],
 ) -> tuple[list[Row], dict[str, int]]:
     """The merge's outcome once the multiple-match rule has let it through."""
 
@@ -221,9 +227,11 @@ def _merged(
             result.append(dict(t))
         elif clause.action == "delete":
             counts[f"{prefix}Deleted"] += 1
+            changes.append(("delete", dict(t)))
         else:
             result.append(_updated(t, s, clause, columns))
             counts[f"{prefix}Updated"] += 1
+            changes += [("update_preimage", dict(t)), ("update_postimage", dict(result[-1]))]
 
     for s in source_rows:
         if any(on(t, s) is True for t in target_rows):
@@ -232,6 +240,7 @@ def _merged(
         if clause is not None:
             result.append(_inserted(s, clause, columns))
             counts["numTargetRowsInserted"] += 1
+            changes.append(("insert", dict(result[-1])))
 
     counts["numTargetRowsUpdated"] = (
         counts["numTargetRowsMatchedUpdated"] + counts["numTargetRowsNotMatchedBySourceUpdated"]

@@ -231,16 +231,39 @@ def matching_rows(spark: SparkSession, plan: DmlPlan, files: Sequence[DataFile])
 
 
 def write_rows(spark: SparkSession, snapshot: Snapshot, frame: DataFrame, rewritten: Sequence[DataFile],
-               estimated_bytes: int) -> list[WrittenFile]:
-    """Write ``frame`` (the table's columns, in order) as new files of the table, cut as a
-    MERGE cuts them (FileLayout with MergeOptions' sizes) but without a shuffle: the rows are
-    coalesced into that many tasks, and a partitioned table gets a file per partition value
-    per task. Overflowing assignments surface here, as MergeAssignmentOverflowError."""
+               estimated_bytes: int, change_data: bool = False) -> list[WrittenFile]:
+    """Write ``frame`` (the table's columns, in order; with ``change_data`` then
+    ``_change_type``, see change_rows) as new files of the table, cut as a MERGE cuts them
+    (FileLayout with MergeOptions' sizes) but without a shuffle: the rows are coalesced into
+    that many tasks, and a partitioned table gets a file per partition value per task.
+    Overflowing assignments surface here, as MergeAssignmentOverflowError."""
     layout = FileLayout(False, _WRITE_DEFAULTS.target_file_size, estimated_bytes,
                         _WRITE_DEFAULTS.min_parallel_file_size, max((f.size for f in rewritten), default=0))
     with _overflow_errors():
         return write_files(spark, frame.coalesce(layout.files(task_slots(spark))), snapshot.location,
-                           snapshot.schema, snapshot.partition_columns)
+                           snapshot.schema, snapshot.partition_columns, change_data=change_data)
+
+
+def change_rows(rows: Sequence[tuple[Column | None, Sequence[tuple[Sequence[Column], str | None]]]],
+                names: Sequence[str]) -> Column:
+    """One ``inline`` that turns a scanned row into the rows a DML writes with change data on
+    (``_change_type`` NULL for a data row): ``rows`` are (when, [(values, change type)...])
+    branches, the first that holds wins (None: always); a row no branch takes writes nothing."""
+    from streaming_merge.table.write import CHANGE_TYPE_COL
+
+    def struct(values: Sequence[Column], change_type: str | None) -> Column:
+        return F.struct(*[v.alias(n) for v, n in zip(values, names, strict=True)],
+                        F.lit(change_type).cast("string").alias(CHANGE_TYPE_COL))
+
+    chosen: Column | None = None
+    for when, outputs in rows:
+        value = F.array(*[struct(values, kind) for values, kind in outputs])
+        if when is None:
+            chosen = value if chosen is None else chosen.otherwise(value)
+            break
+        chosen = F.when(when, value) if chosen is None else chosen.when(when, value)
+    assert chosen is not None
+    return F.inline(chosen)
 
 
 @contextlib.contextmanager
@@ -273,8 +296,10 @@ def commit_changes(spark: SparkSession, plan: DmlPlan, *, operation: str, parame
 
 
 def file_metrics(written: Sequence[WrittenFile], removed: Sequence[DataFile]) -> dict[str, int]:
-    return {"numAddedFiles": len(written), "numAddedBytes": sum(w.size for w in written),
-            "numRemovedFiles": len(removed), "numRemovedBytes": sum(f.size for f in removed)}
+    data = [w for w in written if not w.change_data]
+    return {"numAddedFiles": len(data), "numAddedBytes": sum(w.size for w in data),
+            "numRemovedFiles": len(removed), "numRemovedBytes": sum(f.size for f in removed),
+            "numAddedChangeFiles": len(written) - len(data)}
 
 
 def millis_since(started: float) -> int:

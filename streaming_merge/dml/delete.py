@@ -10,6 +10,9 @@ Three cases, as Delta's:
 3. otherwise (copy-on-write): the same job, then the touched files that keep some rows are
    rewritten without the deleted ones, in a second job. A file whose every row matches is
    removed without being rewritten (beyond Delta, which rewrites it into nothing).
+With change data on (``delta.enableChangeDataFeed``), 2. and 3. also write the deleted rows as
+``delete`` change rows (3. in its rewrite's job, 2. in a job of its own); 1. writes none, as
+Delta's metadata-only delete: readers take a version's removed files as its deleted rows.
 No matching row: nothing is written and nothing committed.
 """
 
@@ -35,10 +38,12 @@ from streaming_merge.dml._common import (
     plan_dml,
     write_rows,
 )
+from streaming_merge.merge.change_data import DELETE as DELETE_CHANGE
+from streaming_merge.merge.change_data import records_change_data
 from streaming_merge.merge.dv_rewrite import deletion_vector_changes
 from streaming_merge.table.location import TableLocation
 from streaming_merge.table.snapshot import DataFile
-from streaming_merge.table.write import WrittenFile
+from streaming_merge.table.write import CHANGE_TYPE_COL, WrittenFile
 
 log = logging.getLogger(__name__)
 
@@ -72,6 +77,8 @@ def run_delete(spark: SparkSession, location: TableLocation, alias: str,
                 changes = deletion_vector_changes(plan.snapshot, candidates, positions)
                 removed, vectors = changes.removed, changes.vectors
                 metrics.update({name.replace("Target", ""): value for name, value in changes.metrics().items()})
+                if records_change_data(plan.snapshot):
+                    written = _deleted_rows(spark, plan, [candidates[p] for p in sorted(positions)])
             else:
                 removed, written = _copy_on_write(spark, plan, positions)
             metrics["rewriteTimeMs"] = millis_since(rewrite_started)
@@ -79,7 +86,7 @@ def run_delete(spark: SparkSession, location: TableLocation, alias: str,
         log.info("DELETE on %s: no row matched; nothing committed", plan.snapshot.table_path)
         return DmlMetrics(OPERATION, {**metrics, "executionTimeMs": millis_since(started)})
     metrics.update(file_metrics(written, removed))
-    metrics["numCopiedRows"] = sum(w.num_records for w in written)
+    metrics["numCopiedRows"] = sum(w.num_records for w in written if not w.change_data)
     # A removed file's vector goes with it (counted by deletion_vector_changes on the DV path).
     metrics.setdefault("numDeletionVectorsRemoved", sum(1 for f in removed if f.deletion_vector is not None))
     metrics["executionTimeMs"] = millis_since(started)
@@ -103,12 +110,33 @@ def _rows_of_files(spark: SparkSession, plan: DmlPlan, files: list[DataFile]) ->
     return counted + sum(f.live_records or 0 for f in files)
 
 
+def _deleted_rows(spark: SparkSession, plan: DmlPlan, touched: list[DataFile]) -> list[WrittenFile]:
+    """The change rows of a DELETE with deletion vectors (``delete``, the deleted rows as they
+    were): the condition's rows of the touched files, read again in a job of their own."""
+    assert plan.condition is not None
+    columns = [F.col(f"`{n}`") for n in plan.snapshot.schema.fieldNames()]
+    frame = plan.scan(spark, touched).filter(plan.condition).select(
+        *columns, F.lit(DELETE_CHANGE).alias(CHANGE_TYPE_COL))
+    with phase(spark, "changeData", f"DELETE operation - writing the deleted rows of {len(touched)} files as change "
+                                    "data"):
+        return write_rows(spark, plan.snapshot, frame, [], sum(f.size for f in touched), change_data=True)
+
+
 def _copy_on_write(spark: SparkSession, plan: DmlPlan, positions: dict[int, np.ndarray]
                    ) -> tuple[list[DataFile], list[WrittenFile]]:
     """Remove every touched file; rewrite those that keep a live row without the deleted ones.
-    The condition is evaluated again over those files (Delta's second pass): NULL keeps a row."""
+    The condition is evaluated again over those files (Delta's second pass): NULL keeps a row.
+    With change data on, every touched file is read again and its deleted rows are written as
+    ``delete`` change rows by the same job."""
     assert plan.condition is not None
     touched = [plan.candidates[p] for p in sorted(positions)]
+    if records_change_data(plan.snapshot):
+        deleted = F.coalesce(plan.condition, F.lit(False))
+        columns = [F.col(f"`{n}`") for n in plan.snapshot.schema.fieldNames()]
+        frame = plan.scan(spark, touched).select(*columns, F.when(deleted, F.lit(DELETE_CHANGE)).alias(CHANGE_TYPE_COL))
+        with phase(spark, "rewrite", f"DELETE operation - Rewriting {len(touched)} files"):
+            return touched, write_rows(spark, plan.snapshot, frame, touched, sum(f.size for f in touched),
+                                       change_data=True)
     kept = [plan.candidates[p] for p in sorted(positions)
             if plan.candidates[p].live_records is None or len(positions[p]) < (plan.candidates[p].live_records or 0)]
     if not kept:

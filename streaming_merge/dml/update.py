@@ -34,6 +34,7 @@ from streaming_merge._profile import phase
 from streaming_merge.dml._common import (
     DmlMetrics,
     DmlPlan,
+    change_rows,
     commit_changes,
     file_metrics,
     matching_rows,
@@ -43,6 +44,7 @@ from streaming_merge.dml._common import (
     write_rows,
 )
 from streaming_merge.errors import DmlAnalysisError, MergeAnalysisError
+from streaming_merge.merge.change_data import UPDATE_POSTIMAGE, UPDATE_PREIMAGE, records_change_data
 from streaming_merge.merge.clauses import expr_text
 from streaming_merge.merge.dv_rewrite import deletion_vector_changes
 
@@ -156,14 +158,23 @@ def _update_with_deletion_vectors(spark: SparkSession, plan: DmlPlan, values: Ma
     scan = plan.scan(spark, candidates, with_row_id=True)
     matched = scan.filter(plan.condition) if plan.condition is not None else scan
     observation = Observation()
-    rows = (matched.select(*_new_columns(plan, values, None), ids.column().alias(_FILE_ID),
+    names = snapshot.schema.fieldNames()
+    change_data = records_change_data(snapshot)
+    old = [F.col(f"`{plan.alias}`.`{n}`").alias(_old(i)) for i, n in enumerate(names)] if change_data else []
+    rows = (matched.select(*_new_columns(plan, values, None), *old, ids.column().alias(_FILE_ID),
                            F.col(ROW_INDEX_COL).alias(_ROW))
-            .observe(observation, F.to_json(F.collect_list(F.array(F.col(_FILE_ID), F.col(_ROW)))).alias(_PAIRS))
-            .select(*[F.col(f"`{name}`") for name in snapshot.schema.fieldNames()]))
+            .observe(observation, F.to_json(F.collect_list(F.array(F.col(_FILE_ID), F.col(_ROW)))).alias(_PAIRS)))
+    if change_data:
+        after = [F.col(f"`{n}`") for n in names]
+        before = [F.col(_old(i)) for i in range(len(names))]
+        rows = rows.select(change_rows([(None, [(after, None), (before, UPDATE_PREIMAGE),
+                                                (after, UPDATE_POSTIMAGE)])], names))
+    else:
+        rows = rows.select(*[F.col(f"`{name}`") for name in names])
     pass_started = time.monotonic()
     with phase(spark, "writeUpdatedRows", f"UPDATE operation - writing the updated rows of {len(candidates)} "
                                           "candidate files and marking their old positions in deletion vectors"):
-        written = write_rows(spark, snapshot, rows, [], sum(f.size for f in candidates))
+        written = write_rows(spark, snapshot, rows, [], sum(f.size for f in candidates), change_data=change_data)
     rewrite_ms = millis_since(pass_started)
     try:
         pairs = _pairs(observed_values(observation).get(_PAIRS))
@@ -181,6 +192,11 @@ def _update_with_deletion_vectors(spark: SparkSession, plan: DmlPlan, values: Ma
                **{name.replace("Target", ""): value for name, value in changes.metrics().items()},
                **file_metrics(written, changes.removed)}
     return _commit(spark, plan, metrics, written, changes.removed, changes.vectors, started)
+
+
+def _old(index: int) -> str:
+    """The column that carries a row's value of the table's ``index``-th column before the update."""
+    return f"__sm_dml_old_{index}__"
 
 
 def _pairs(observed: object) -> np.ndarray:
@@ -207,10 +223,21 @@ def _copy_on_write(spark: SparkSession, plan: DmlPlan, values: Mapping[str, Colu
         return _nothing(plan, {"scanTimeMs": scan_ms}, started)
     rewrite_started = time.monotonic()
     condition = None if plan.exact or plan.condition is None else F.coalesce(plan.condition, F.lit(False))
-    frame: DataFrame = plan.scan(spark, touched).select(*_new_columns(plan, values, condition))
+    scan = plan.scan(spark, touched)
+    change_data = records_change_data(plan.snapshot)
+    if change_data:  # updated rows also as their pre- and postimages, copied rows as they are
+        names = plan.snapshot.schema.fieldNames()
+        after = _new_columns(plan, values, None)
+        before = [F.col(f"`{plan.alias}`.`{n}`") for n in names]
+        frame: DataFrame = scan.select(change_rows(
+            [(condition, [(after, None), (before, UPDATE_PREIMAGE), (after, UPDATE_POSTIMAGE)]),
+             (None, [(before, None)])], names))
+    else:
+        frame = scan.select(*_new_columns(plan, values, condition))
     with phase(spark, "rewrite", f"UPDATE operation - Rewriting {len(touched)} files"):
-        written = write_rows(spark, plan.snapshot, frame, touched, sum(f.size for f in touched))
-    total = sum(w.num_records for w in written)
+        written = write_rows(spark, plan.snapshot, frame, touched, sum(f.size for f in touched),
+                             change_data=change_data)
+    total = sum(w.num_records for w in written if not w.change_data)
     # The rows written are the touched files' rows: the updated ones (counted by the scan that
     # found them, or all of them when the log decided) and the copied rest.
     updated = total if updated is None else updated

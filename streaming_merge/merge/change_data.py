@@ -18,13 +18,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from pyspark.sql import Column, DataFrame
+from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import StructType
 
 from streaming_merge.merge.resolve import ResolvedClause, ResolvedMerge, qualified
 from streaming_merge.table.protocol import is_enabled
-from streaming_merge.table.snapshot import Snapshot
+from streaming_merge.table.snapshot import DataFile, Snapshot
 from streaming_merge.table.write import CHANGE_TYPE_COL
 
 INSERT = "insert"
@@ -37,6 +37,26 @@ _PREIMAGE = "__sm_preimage_{}__"
 def records_change_data(snapshot: Snapshot) -> bool:
     """Whether data changes to the table must write change data (``delta.enableChangeDataFeed``)."""
     return is_enabled(snapshot.configuration, "delta.enableChangeDataFeed")
+
+
+def deduplicates_deletes(resolved: ResolvedMerge) -> bool:
+    """Whether the MERGE's matched deletes get their change rows from matched_delete_rows: its
+    only MATCHED clause is an unconditional DELETE, which Delta lets a target row match several
+    source rows, and the joined rows would then hold that row's ``delete`` once per match (Delta
+    deduplicates them by row id, DeduplicateCDFDeletes)."""
+    return resolved.change_data and resolved.clauses.is_only_one_unconditional_delete
+
+
+def matched_delete_rows(spark: SparkSession, snapshot: Snapshot, files: Sequence[DataFile], source: DataFrame,
+                        resolved: ResolvedMerge) -> DataFrame:
+    """The ``delete`` change rows of the target rows of ``files`` that match a source row, each
+    once (a semi join), written beside the rewrite's rows by the same job."""
+    from streaming_merge.table.scan import scan_files
+
+    target = scan_files(spark, snapshot, files, schema=resolved.output_schema).alias(resolved.target_alias)
+    matched = target.join(source.alias(resolved.source_alias), resolved.condition, "left_semi")
+    return matched.select(*[F.col(f"`{n}`") for n in resolved.output_schema.fieldNames()],
+                          F.lit(DELETE).alias(CHANGE_TYPE_COL))
 
 
 def preimage_names(schema: StructType) -> list[str]:
@@ -81,7 +101,9 @@ def _rows(resolved: ResolvedMerge, clauses: Sequence[ResolvedClause], keep_copie
 
         inserts = {c.code for c in resolved.not_matched}
         updates = [c.code for c in clauses if c.outputs is not None and c.code not in inserts]
-        deletes = [c.code for c in clauses if c.outputs is None]
+        # The lone unconditional DELETE's rows come from matched_delete_rows, once each.
+        separate = resolved.matched[0].code if deduplicates_deletes(resolved) else None
+        deletes = [c.code for c in clauses if c.outputs is None and c.code != separate]
         insert_codes = [c.code for c in clauses if c.outputs is not None and c.code in inserts]
         action = F.col(ACTION_COL)
         data = row(after, None)

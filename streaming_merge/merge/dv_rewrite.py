@@ -30,7 +30,13 @@ from pyspark.sql import functions as F
 from streaming_merge._profile import phase
 from streaming_merge._slots import task_slots
 from streaming_merge.errors import MultipleSourceRowMatchingTargetRowError
-from streaming_merge.merge.change_data import preimage_columns, preimage_names, with_change_rows
+from streaming_merge.merge.change_data import (
+    deduplicates_deletes,
+    matched_delete_rows,
+    preimage_columns,
+    preimage_names,
+    with_change_rows,
+)
 from streaming_merge.merge.resolve import SOURCE_PRESENT, TARGET_PRESENT, ResolvedClause, ResolvedMerge
 from streaming_merge.merge.rewrite import (
     ACTION_COL,
@@ -136,8 +142,10 @@ def write_changes_with_deletion_vectors(
             "right_outer" if resolved.not_matched else "inner")
         observed = _observed(resolved, tgt.join(src, resolved.condition, join), resolved.all, observation, position)
         output = _with_changes(resolved, observed.filter(_written(resolved, resolved.all)).select(*_names(resolved)))
+    deletes = (matched_delete_rows(spark, snapshot, candidates, source, resolved)
+               if deduplicates_deletes(resolved) else None)
     with phase(spark, "dvJoinWrite"):
-        written = write_frame(spark, snapshot, output, resolved, layout)
+        written = write_frame(spark, snapshot, output, resolved, layout, deletes)
     try:
         values = _observed_row(observation)
         changed, matched = _positions(values.pop(_MATCHED, None))

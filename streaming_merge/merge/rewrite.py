@@ -19,7 +19,12 @@ from pyspark.sql import functions as F
 
 from streaming_merge._slots import task_slots
 from streaming_merge._spark_conf import temporary_conf
-from streaming_merge.merge.change_data import preimage_columns, with_change_rows
+from streaming_merge.merge.change_data import (
+    deduplicates_deletes,
+    matched_delete_rows,
+    preimage_columns,
+    with_change_rows,
+)
 from streaming_merge.merge.resolve import (
     SOURCE_PRESENT,
     TARGET_PRESENT,
@@ -332,8 +337,11 @@ def write_all_changes(
         touch_observations(resolved, probe, matched_only) if probe is not None else ())
     # Sides in one partition pair without an exchange only when Spark's size estimate of each is
     # within this setting; a checkpointed source (a sink's batch) has no estimate.
+    deletes = (matched_delete_rows(spark, snapshot, files_to_rewrite, source, resolved)
+               if deduplicates_deletes(resolved) else None)
     with temporary_conf(spark, {_MAX_SINGLE_PARTITION_BYTES: str(1 << 62)} if one_task else {}):
-        written = write_frame(spark, snapshot, output, resolved, layout, parallelism=slots, map_side=not shuffled)
+        written = write_frame(spark, snapshot, output, resolved, layout, deletes, parallelism=slots,
+                              map_side=not shuffled)
     counts, touched_ids, shared = split_touched(observed_values(out_obs))
     counts["numSourceRowsInSecondScan"] = observed(src_obs).get("rows", 0)
     if probe is None:
@@ -427,6 +435,8 @@ def write_changes_map_side(
     target = scan_files(spark, snapshot, files_to_rewrite, schema=resolved.output_schema)
     output, src_obs, target_obs = rewrite_map_side(target, source, resolved)
     inserts = inserted_rows(resolved, unmatched_source, insert_obs)
+    if deduplicates_deletes(resolved):
+        inserts = inserts.unionByName(matched_delete_rows(spark, snapshot, files_to_rewrite, source, resolved))
     written = write_frame(spark, snapshot, output, resolved, layout, inserts, map_side=True)
     counts = {**observed(target_obs), **observed(insert_obs)}
     counts["numSourceRowsInSecondScan"] = observed(src_obs).get("rows", 0)

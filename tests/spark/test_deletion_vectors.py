@@ -179,8 +179,8 @@ def test_enabling_dvs_on_an_existing_table_upgrades_the_protocol(spark: SparkSes
         .whenMatchedUpdateAll().execute()
     assert [f.deletion_vector is not None for f in load_snapshot(path).files].count(True) == 1
     assert delta_rs_rows(path) == our_rows(spark, path) == Counter((k, -k if k == 7 else k) for k in range(50))
-    with pytest.raises(Exception, match="change data feed"):
-        table.setProperties({"delta.enableChangeDataFeed": "true"})
+    with pytest.raises(Exception, match="row tracking"):
+        table.setProperties({"delta.enableRowTracking": "true"})
     assert deltalake.DeltaTable(path).version() == 2
 
 

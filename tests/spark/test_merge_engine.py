@@ -136,8 +136,7 @@ def test_not_a_delta_table(spark: SparkSession, tmp_path: Any) -> None:
 
 @pytest.mark.parametrize(
     ("configuration", "feature"),
-    [({"delta.enableChangeDataFeed": "true"}, "change data feed"),
-     ({"delta.columnMapping.mode": "name"}, "column"),],
+    [({"delta.columnMapping.mode": "name"}, "column")],
 )
 def test_unsupported_table_features_are_refused(spark: SparkSession, table_path: str,
                                                 configuration: dict[str, str], feature: str) -> None:

@@ -131,6 +131,7 @@ def delta_rs_rows(path: str) -> list[Row]:
 
 
 DELETION_VECTORS = {"delta.enableDeletionVectors": "true"}
+CHANGE_DATA_FEED = "delta.enableChangeDataFeed"
 
 
 def delta_rs_state(path: str) -> tuple[int, str]:
@@ -185,12 +186,14 @@ def run_merge(spark: SparkSession, path: str, step: MergeStep, deletion_vectors:
 
 
 def check_step(spark: SparkSession, path: str, before: list[Row], step: MergeStep,
-               deletion_vectors: bool = False) -> list[Row]:
+               deletion_vectors: bool = False, change_data: bool = False) -> list[Row]:
     """Run one merge, check it against the model, and return the table's rows afterwards."""
     report(f"MERGE step{' (deletion vectors)' if deletion_vectors else ''}:\n{step!r}")
     version_before, schema = delta_rs_state(path)
+    changes: list[tuple[str, Row]] | None = [] if change_data else None
     try:
-        expected_rows, counts = apply_merge(before, step.source, step.on, step.clauses, columns=COLUMNS)
+        expected_rows, counts = apply_merge(before, step.source, step.on, step.clauses, columns=COLUMNS,
+                                            changes=changes)
     except AmbiguousMultipleMatches as outcome:
         # The engine may skip the conflicting row's file by the MATCHED conditions' target-only
         # parts (then the row is copied unchanged) or see it and raise: either is Delta's behaviour.
@@ -200,7 +203,7 @@ def check_step(spark: SparkSession, path: str, before: list[Row], step: MergeSte
             check_failed(path, before, version_before, schema, raised)
             return before
         return check_succeeded(spark, path, before, version_before, schema, metrics, outcome.rows, outcome.counts,
-                               deletion_vectors)
+                               deletion_vectors, changes)
     except (MultipleMatches, InvalidClauses) as outcome:
         multiple = isinstance(outcome, MultipleMatches)
         expected_error = MultipleSourceRowMatchingTargetRowError if multiple else MergeAnalysisError
@@ -210,7 +213,7 @@ def check_step(spark: SparkSession, path: str, before: list[Row], step: MergeSte
         return before
     metrics = run_merge(spark, path, step, deletion_vectors)
     return check_succeeded(spark, path, before, version_before, schema, metrics, expected_rows, counts,
-                           deletion_vectors)
+                           deletion_vectors, changes)
 
 
 def check_failed(path: str, before: list[Row], version_before: int, schema: str, error: BaseException) -> None:
@@ -225,7 +228,7 @@ def check_failed(path: str, before: list[Row], version_before: int, schema: str,
 
 def check_succeeded(spark: SparkSession, path: str, before: list[Row], version_before: int, schema: str,
                     metrics: Mapping[str, Any], expected_rows: list[Row], counts: Mapping[str, int],
-                    merge_on_read: bool = False) -> list[Row]:
+                    merge_on_read: bool = False, changes: list[tuple[str, Row]] | None = None) -> list[Row]:
     """The table and the metrics after a merge that went through agree with the model."""
     version_after, schema_after = delta_rs_state(path)
 
@@ -255,22 +258,48 @@ def check_succeeded(spark: SparkSession, path: str, before: list[Row], version_b
         assert version_after == version_before + 1, "a MERGE that changed rows must commit"
     if metrics.get("tableVersion") is not None:
         assert metrics["tableVersion"] == version_after
+
+    # (e) change data feed: the version's change rows, read by delta-rs, are the model's
+    if changes is not None and version_after > version_before:
+        assert_same_changes(change_rows(path, version_after), changes)
+        if not changes:  # nothing changed: no change file, and readers skip the rewrite
+            assert metrics["numTargetChangeFilesAdded"] == 0, metrics
     return expected_rows
+
+
+def change_rows(path: str, version: int) -> list[tuple[str, Row]]:
+    """The change data feed of one version, read by delta-rs' ``load_cdf``."""
+    table = pa.table(deltalake.DeltaTable(path).load_cdf(starting_version=version, ending_version=version))
+    return [(r["_change_type"], {c: r[c] for c in COLUMNS}) for r in table.to_pylist()]
+
+
+def assert_same_changes(actual: Sequence[tuple[str, Row]], expected: Sequence[tuple[str, Row]]) -> None:
+    def counted(rows: Sequence[tuple[str, Row]]) -> Counter[tuple[Any, ...]]:
+        return Counter((kind, *(r[c] for c in COLUMNS)) for kind, r in rows)
+
+    assert counted(actual) == counted(expected), (
+        f"change data differs from the model\n  actual:   {sorted(counted(actual).items(), key=str)}\n"
+        f"  expected: {sorted(counted(expected).items(), key=str)}")
 
 
 def check_case(spark: SparkSession, case: MergeCase) -> None:
     report(repr(case))
+    # Every other case records change data on both tables (which depends on the case only, so
+    # shrinking keeps it), and each step's change rows then face the model's.
+    change_data = len(case.target) % 2 == 1
+    cdf = {CHANGE_DATA_FEED: "true"} if change_data else {}
     with fresh_table_path() as path, fresh_table_path() as dv_path:
         partition_by = ["p"] if case.partitioned else None
-        DeltaTable.createFromDataFrame(target_df(spark, case), path, partitionBy=partition_by)
+        DeltaTable.createFromDataFrame(target_df(spark, case), path, partitionBy=partition_by,
+                                       properties=cdf or None)
         DeltaTable.createFromDataFrame(target_df(spark, case), dv_path, partitionBy=partition_by,
-                                       properties=DELETION_VECTORS)
+                                       properties={**DELETION_VECTORS, **cdf})
         rows = delta_rs_rows(path)
         assert_same_rows(rows, list(case.target), "createFromDataFrame did not store the target rows")
         dv_rows = list(rows)
         for step in case.steps:
-            rows = check_step(spark, path, rows, step)
-            dv_rows = check_step(spark, dv_path, dv_rows, step, deletion_vectors=True)
+            rows = check_step(spark, path, rows, step, change_data=change_data)
+            dv_rows = check_step(spark, dv_path, dv_rows, step, deletion_vectors=True, change_data=change_data)
 
 
 # --- explicit examples: each row of the semantics table, run before the random ones -----------

@@ -280,7 +280,6 @@ def _refused(path: str) -> str:
 @pytest.mark.parametrize(
     ("configuration", "named"),
     [
-        ({"delta.enableChangeDataFeed": "true"}, "delta.enableChangeDataFeed"),
         ({"delta.columnMapping.mode": "name"}, "delta.columnMapping.mode=name"),
         ({"delta.columnMapping.mode": "id"}, "delta.columnMapping.mode=id"),
     ],
