@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
+from datetime import datetime
 from typing import Any
 
 from pyspark.sql import Column, DataFrame, SparkSession
@@ -68,6 +69,32 @@ class DeltaTable:
         """The table (at ``version``, latest by default) as a DataFrame, aliased as the table."""
         snapshot = load_snapshot(self.location, version)
         return scan_files(self._spark, snapshot, snapshot.files).alias(self.alias_name)
+
+    def changes(self, starting_version: int | None = None, ending_version: int | None = None,
+                starting_timestamp: str | datetime | None = None,
+                ending_timestamp: str | datetime | None = None) -> DataFrame:
+        """The table's change data feed as Delta's ``readChangeFeed`` returns it: the table's
+        columns (the ending version's schema, in table order) plus ``_change_type`` (``insert``,
+        ``update_preimage``, ``update_postimage``, ``delete``), ``_commit_version`` and
+        ``_commit_timestamp``, for the versions from the start to the end, both included.
+
+        The start is ``starting_version`` or ``starting_timestamp`` (the first version committed
+        at or after it), not both; version 0 when neither is given. The end is
+        ``ending_version`` or ``ending_timestamp`` (the last version committed at or before it),
+        the latest version when neither is given; an end past the latest version reads to the
+        latest. Timestamps are ``datetime``s or ISO-8601 strings, UTC unless they carry an
+        offset. Every version of the range must have been committed with
+        ``delta.enableChangeDataFeed=true``, and the log must still hold its commit.
+
+        Raises ``streaming_merge.cdf.ChangeDataFeedError`` (or its ``ChangeDataNotRecordedError``)
+        naming the table, the versions and the fix. The rows are read by Spark when the
+        DataFrame is used; the files and their row selections are fixed now, so later commits
+        do not change it."""
+        from streaming_merge.cdf.batch import changes_frame
+        from streaming_merge.cdf.plan import plan_changes
+
+        plan = plan_changes(self.location, starting_version, ending_version, starting_timestamp, ending_timestamp)
+        return changes_frame(self._spark, plan)
 
     def setProperties(self, properties: Mapping[str, str | None]) -> int:
         """Set (or, with None, unset) table properties in one commit, as ``ALTER TABLE ... SET
