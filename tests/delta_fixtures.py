@@ -9,6 +9,7 @@ before writing to it.
 from __future__ import annotations
 
 import os
+import shutil
 from pathlib import Path
 
 _CANDIDATES = [
@@ -28,3 +29,10 @@ def delta_fixtures() -> Path:
 
 
 FIXTURES = delta_fixtures()
+
+
+def fixture_copy(name: str, tmp_path: Path) -> Path:
+    """A writable copy of fixture table ``name`` (shared/ is read-only in CI)."""
+    copy = tmp_path / name
+    shutil.copytree(FIXTURES / name, copy)
+    return copy

@@ -66,6 +66,10 @@ def run_delete(spark: SparkSession, location: TableLocation, alias: str,
             removed = [f for f in candidates if f.live_records != 0]
             metrics["numDeletedRows"] = _rows_of_files(spark, plan, removed)
             metrics["scanTimeMs"] = millis_since(started)
+            if records_change_data(plan.snapshot) and any(f.deletion_vector is not None for f in removed):
+                # Readers must take a removed file's rows less its deletion vector; delta-rs 1.6.6's
+                # load_cdf returns the vector's rows instead, so these rows go to change files.
+                written = _deleted_rows(spark, plan, removed)
         else:
             with phase(spark, "findTouchedFiles",
                        f"DELETE operation - finding the rows to delete in {len(candidates)} files"):
@@ -112,10 +116,11 @@ def _rows_of_files(spark: SparkSession, plan: DmlPlan, files: list[DataFile]) ->
 
 def _deleted_rows(spark: SparkSession, plan: DmlPlan, touched: list[DataFile]) -> list[WrittenFile]:
     """The change rows of a DELETE with deletion vectors (``delete``, the deleted rows as they
-    were): the condition's rows of the touched files, read again in a job of their own."""
-    assert plan.condition is not None
+    were): the condition's rows of the touched files (all their live rows without one), read
+    again in a job of their own."""
     columns = [F.col(f"`{n}`") for n in plan.snapshot.schema.fieldNames()]
-    frame = plan.scan(spark, touched).filter(plan.condition).select(
+    scan = plan.scan(spark, touched)
+    frame = (scan.filter(plan.condition) if plan.condition is not None else scan).select(
         *columns, F.lit(DELETE_CHANGE).alias(CHANGE_TYPE_COL))
     with phase(spark, "changeData", f"DELETE operation - writing the deleted rows of {len(touched)} files as change "
                                     "data"):

@@ -31,7 +31,7 @@ from streaming_merge.errors import (
 )
 from streaming_merge.table import dv_log
 from streaming_merge.table.snapshot import load_snapshot
-from tests.delta_fixtures import FIXTURES
+from tests.delta_fixtures import FIXTURES, fixture_copy
 
 DELETION_VECTORS = {"delta.enableDeletionVectors": "true"}
 
@@ -46,13 +46,6 @@ def delta_rs_rows(path: str | Path, version: int | None = None) -> Counter[tuple
 
 def our_rows(spark: SparkSession, path: str | Path, version: int | None = None) -> Counter[tuple[Any, ...]]:
     return Counter(tuple(row) for row in DeltaTable.forPath(spark, str(path)).toDF(version).collect())
-
-
-def fixture_copy(name: str, tmp_path: Path) -> Path:
-    """A writable copy (shared/ is read-only in CI)."""
-    copy = tmp_path / name
-    shutil.copytree(FIXTURES / name, copy)
-    return copy
 
 
 @pytest.mark.parametrize("name", ["table-with-dv-small", "table-with-dv-large"])
