@@ -76,6 +76,8 @@ class ChangeSettings:
     track_history_except: list[str] | None = None  # SCD 2; default: the Debezium metadata columns
     # New tables get deletion vectors: an upsert marks replaced rows instead of rewriting files
     deletion_vectors: bool = False
+    # New tables record Delta's change data feed, for jobs downstream (jobs/cdf_chain.py)
+    change_data_feed: bool = False
 
 
 @dataclass(frozen=True)
@@ -94,13 +96,23 @@ class MalformedRecordsError(StreamingMergeError):
     """Raised with on_malformed='fail' when a batch holds records that cannot be decoded."""
 
 
+def table_properties(config: ChangeSettings) -> dict[str, str]:
+    """The properties new target tables are created with (the job's table flags)."""
+    properties = {}
+    if config.deletion_vectors:
+        properties["delta.enableDeletionVectors"] = "true"
+    if config.change_data_feed:
+        properties["delta.enableChangeDataFeed"] = "true"
+    return properties
+
+
 def change_options(config: ChangeSettings) -> dict[str, Any]:
     """MergeSink's CDC options for Debezium change events, shared by both job modes."""
     options: dict[str, Any] = {
         "sequence_by": [*config.extra_sequence, *debezium.SEQUENCE_COLUMNS], "delete_when": debezium.DELETE_WHEN,
         "storage_options": config.storage_options, "ignore_null_updates": config.ignore_null_updates,
         "unavailable_value": config.unavailable_value, "scd_type": config.scd_type,
-        "table_properties": {"delta.enableDeletionVectors": "true"} if config.deletion_vectors else None}
+        "table_properties": table_properties(config) or None}
     if config.apply_truncates:
         options["apply_as_truncates"] = debezium.TRUNCATE_WHEN
     if config.scd_type == 2:
@@ -327,6 +339,10 @@ def parse_args(argv: list[str] | None) -> tuple[IngestConfig | DatabaseConfig, s
     parser.add_argument("--track-history-except", default=None,
                         help="with --scd-type 2: comma-separated columns whose changes update the current version "
                         f"in place (default: {debezium.OP},{debezium.TS_MS})")
+    parser.add_argument("--change-data-feed", action="store_true",
+                        help="create new target tables with Delta's change data feed "
+                             "(delta.enableChangeDataFeed=true): every batch also writes its change rows, which "
+                             "DeltaTable.changes() and the delta_changes stream source read")
     parser.add_argument("--deletion-vectors", action="store_true",
                         help="create new target tables with deletion vectors (delta.enableDeletionVectors=true): "
                         "each upsert marks the replaced rows deleted and writes only the changed rows, instead of "
@@ -353,6 +369,7 @@ def parse_args(argv: list[str] | None) -> tuple[IngestConfig | DatabaseConfig, s
                                                                           args.storage_option),
         ignore_null_updates=args.ignore_null_updates, unavailable_value=args.unavailable_value or None,
         apply_truncates=args.apply_truncates, scd_type=args.scd_type, deletion_vectors=args.deletion_vectors,
+        change_data_feed=args.change_data_feed,
         track_history_except=None if args.track_history_except is None else _names(args.track_history_except))
     keys = _names(args.keys or "")
     if bool(args.topics) == bool(args.subscribe_pattern):
