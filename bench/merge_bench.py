@@ -40,7 +40,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import deltalake
 import duckdb
@@ -49,7 +49,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-ALL_ENGINES = ("ours", "ours-dv", "delta-rs", "delta-rs-streamed", "duckdb", "floor", "spark-naive", "spark-floor")
+ALL_ENGINES = ("ours", "ours-dv", "ours-cdf", "ours-dv-cdf",
+               "delta-rs", "delta-rs-streamed", "duckdb", "floor", "spark-naive", "spark-floor")
 # Engines that re-read the files the preceding delta-rs run removed: they run right after it.
 AFTER_DELTA_RS = ("floor", "spark-floor")
 DEFAULT_ENGINES = ("ours", "delta-rs", "duckdb")
@@ -344,16 +345,27 @@ class OursEngine(Engine):
 
 
 class OursDvEngine(OursEngine):
-    """Ours on the same table with deletion vectors turned on (its protocol upgraded, untimed):
-    the MERGE marks the replaced rows in DVs and writes only the changed rows (merge-on-read)."""
+    """Ours on the same table with table properties set (its protocol upgraded, untimed):
+    ``ours-dv`` turns deletion vectors on (the MERGE marks the replaced rows in DVs and writes
+    only the changed rows: merge-on-read), ``ours-cdf`` the change data feed (the MERGE also
+    writes its change rows), ``ours-dv-cdf`` both."""
 
-    name = "ours-dv"
+    PROPERTIES: ClassVar[dict[str, dict[str, str]]] = {
+        "ours-dv": {"delta.enableDeletionVectors": "true"},
+        "ours-cdf": {"delta.enableChangeDataFeed": "true"},
+        "ours-dv-cdf": {"delta.enableDeletionVectors": "true", "delta.enableChangeDataFeed": "true"},
+    }
+
+    def __init__(self, name: str = "ours-dv") -> None:
+        super().__init__()
+        self.name = name
+        self._properties = self.PROPERTIES[name]
 
     def run(self, master: Path, run_dir: Path, n_target: int, batch: Batch) -> RunResult:
         copy = run_dir.with_name(run_dir.name + "_master")
         if not copy.exists():
             shutil.copytree(master, copy)
-            self._delta_table.forPath(self._spark, str(copy)).enableDeletionVectors()
+            self._delta_table.forPath(self._spark, str(copy)).setProperties(self._properties)
         try:
             return super().run(copy, run_dir, n_target, batch)
         finally:
@@ -652,8 +664,8 @@ def build_engines(names: Sequence[str], threads: int) -> dict[str, Engine]:
     for name in names:
         if name == "ours":
             engines[name] = OursEngine()
-        elif name == "ours-dv":
-            engines[name] = OursDvEngine()
+        elif name in OursDvEngine.PROPERTIES:
+            engines[name] = OursDvEngine(name)
         elif name == "spark-naive":
             engines[name] = NaiveSparkEngine()
         elif name == "delta-rs":
@@ -765,6 +777,7 @@ def _ratios(s: Scenario) -> dict[str, float | None]:
     ours' distance to delta-rs any Spark plan on this session pays as well."""
     out: dict[str, float | None] = {}
     for numerator, denominator in (("ours", "delta-rs"), ("ours-dv", "delta-rs"), ("ours-dv", "ours"),
+                                   ("ours-cdf", "ours"), ("ours-dv-cdf", "ours-dv"),
                                    ("ours", "duckdb"), ("ours", "spark-naive"),
                                    ("ours", "spark-floor"), ("spark-floor", "delta-rs"),
                                    ("spark-naive", "delta-rs")):
