@@ -96,6 +96,19 @@ class DeltaTable:
         plan = plan_changes(self.location, starting_version, ending_version, starting_timestamp, ending_timestamp)
         return changes_frame(self._spark, plan)
 
+    def changesStream(self, **options: str) -> DataFrame:
+        """The change data feed as a streaming DataFrame: the ``delta_changes`` source
+        (streaming_merge.cdf.source, registered here) on this table with its storage options,
+        plus ``options``: ``startingVersion`` (a version or ``latest``), ``startingTimestamp``,
+        ``maxFilesPerTrigger``, ``maxBytesPerTrigger``. Without a start, the first batches are
+        the current snapshot as inserts, as in Delta."""
+        from streaming_merge.cdf.source import register
+
+        reader = self._spark.readStream.format(register(self._spark)).option("path", self.location.uri)
+        for key, value in {**dict(self.location.storage_options), **options}.items():
+            reader = reader.option(key, str(value))
+        return reader.load()
+
     def setProperties(self, properties: Mapping[str, str | None]) -> int:
         """Set (or, with None, unset) table properties in one commit, as ``ALTER TABLE ... SET
         TBLPROPERTIES`` does; ``delta.enableDeletionVectors=true`` also upgrades the protocol to

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from typing import Any
 
 import numpy as np
 import pyroaring
@@ -157,17 +156,21 @@ class _PerFile:
 def _read(spark: SparkSession, snapshot: Snapshot, files: list[ChangeFile], schema: StructType,
           plan: ChangePlan) -> DataFrame:
     """The files read as Parquet; a file the log names but the store lacks fails here,
-    before any job, naming the range and what removed it."""
+    before any job, naming the file, its version and what removed it."""
     paths = [snapshot.absolute_path(f.path) for f in files]
     try:
         return _read_parquet(spark, snapshot, paths, schema)
     except (DeltaTableError, AnalysisException) as exc:
-        reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        raise ChangeDataFeedError(_missing_file_message(plan, reason)) from exc
+        text = str(exc)
+        missing = next((f for f in files if f.path in text or snapshot.absolute_path(f.path) in text), None)
+        what = (f"the {'change data' if missing.kind == 'cdc' else 'data'} file `{missing.path}` of version "
+                f"{missing.version} is missing" if missing is not None else first_line(text))
+        raise ChangeDataFeedError(
+            f"Cannot read the change data of table `{plan.location.uri}` for versions [{plan.start}, {plan.end}]: "
+            f"{what}. VACUUM deletes files no longer in the table once they are older than "
+            "delta.deletedFileRetentionDuration (7 days by default), change data files with them; read a more "
+            "recent range.") from exc
 
 
-def _missing_file_message(plan: Any, reason: str) -> str:
-    return (f"Cannot read the change data of table `{plan.location.uri}` for versions [{plan.start}, {plan.end}]: "
-            f"{reason}. A change data or data file of that range is gone: VACUUM deletes files no longer in the "
-            "table once they are older than delta.deletedFileRetentionDuration (7 days by default), change data "
-            "files with them; read a more recent range.")
+def first_line(text: str) -> str:
+    return text.strip().splitlines()[0] if text.strip() else "a file cannot be read"

@@ -33,11 +33,11 @@ from urllib.parse import unquote
 
 from streaming_merge.cdf.errors import ChangeDataFeedError, ChangeDataNotRecordedError
 from streaming_merge.cdf.log import Commit, list_commits, read_commits, timestamp_ms
-from streaming_merge.errors import UnsupportedTableFeatureError
+from streaming_merge.errors import DeltaTableError, UnsupportedTableFeatureError
 from streaming_merge.table.deletion_vectors import DeletionVector
 from streaming_merge.table.dv_log import live_adds
 from streaming_merge.table.location import TableLocation
-from streaming_merge.table.store import table_store
+from streaming_merge.table.store import first_line, table_store
 
 __all__ = [
     "CHANGE_DATA_FEED",
@@ -339,7 +339,14 @@ def configuration_at(location: TableLocation, version: int) -> dict[str, Any]:
     """The table's configuration in force at ``version`` (read by delta-rs)."""
     from streaming_merge.table.snapshot import open_table
 
-    return dict(open_table(location, version).metadata().configuration)
+    try:
+        return dict(open_table(location, version).metadata().configuration)
+    except DeltaTableError as exc:
+        raise ChangeDataFeedError(
+            f"Cannot tell whether table `{location.uri}` recorded change data at version {version}: its state at that "
+            f"version cannot be read ({first_line(exc)}). Log cleanup removes the commits before a checkpoint once "
+            "they are older than delta.logRetentionDuration; start from a version at or after the oldest "
+            "checkpoint.") from exc
 
 
 def starting_timestamp_version(location: TableLocation, timestamp: Timestamp) -> int:

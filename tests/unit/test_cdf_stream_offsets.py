@@ -16,7 +16,7 @@ import pytest
 from pyspark.sql.datasource import CaseInsensitiveDict
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxFiles
 
-from streaming_merge.cdf.errors import ChangeDataSchemaChangedError
+from streaming_merge.cdf.errors import ChangeDataFeedError, ChangeDataSchemaChangedError
 from streaming_merge.cdf.source import DeltaChangesDataSource, DeltaChangesStreamReader
 from tests.cdf_support import (
     CDF_ON,
@@ -168,3 +168,20 @@ def test_a_schema_change_stops_the_stream(tmp_path: Path) -> None:
     deltalake.write_deltalake(str(path), wider, mode="append", schema_mode="merge")
     with pytest.raises(ChangeDataSchemaChangedError, match=r"Version 4 .* changed its schema"):
         run(source, start=start)
+
+
+def test_a_vacuumed_file_or_a_cleaned_up_commit_fails_the_stream_naming_it(tmp_path: Path) -> None:
+    path = tmp_path / "t"
+    make_table(path)
+    cdc = next(p for p in (path / "_change_data").rglob("*.parquet"))
+    cdc.unlink()
+    with pytest.raises(ChangeDataFeedError, match=r"change data file `_change_data/.*` of version 2 .* is missing"):
+        run(reader(path, startingVersion="0"))
+    deltalake.DeltaTable(str(path)).create_checkpoint()  # at version 3; log cleanup may then drop 0..2
+    for version in (0, 1):
+        (path / "_delta_log" / f"{version:020d}.json").unlink()
+    with pytest.raises(ChangeDataFeedError, match=r"at version 2: its state at that version cannot be read"):
+        reader(path, startingVersion="2").initialOffset()
+    source = reader(path, startingVersion="3")
+    with pytest.raises(ChangeDataFeedError, match=r"no longer holds commit 1 .* oldest commit is 2"):
+        run(source, start={**source.initialOffset(), "version": 1})  # a checkpoint older than the cleanup
