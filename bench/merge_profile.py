@@ -106,6 +106,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--deletion-vectors", action="store_true",
                         help="turn deletion vectors on in the target (merge-on-read: the MERGE marks replaced rows "
                              "in DVs and writes only the changed rows)")
+    parser.add_argument("--change-data-feed", action="store_true",
+                        help="turn the change data feed on in the target (the MERGE also writes its change rows)")
     parser.add_argument("--option", action="append", default=[], metavar="NAME=VALUE",
                         help="a MergeOptions field (an integer, or text such as materialize_source=none); "
                              "compared against the defaults")
@@ -126,10 +128,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         master = work / "master"
         write_target(make_target(args.target_rows, 7), master, args.target_files)
-        if args.deletion_vectors:
+        properties = {**({"delta.enableDeletionVectors": "true"} if args.deletion_vectors else {}),
+                      **({"delta.enableChangeDataFeed": "true"} if args.change_data_feed else {})}
+        if properties:
             from streaming_merge import DeltaTable
 
-            DeltaTable.forPath(spark, str(master)).enableDeletionVectors()
+            DeltaTable.forPath(spark, str(master)).setProperties(properties)
         batch = make_batch(args.target_rows, args.source_rows, args.key_dist, 7).table
         if args.kind == "insert":  # only new keys: nothing matches
             import pyarrow.compute as pc
@@ -173,8 +177,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _report(args: argparse.Namespace, rows: list[dict[str, Any]]) -> None:
+    features = (" with DVs" if args.deletion_vectors else "") + (" with CDF" if args.change_data_feed else "")
     print(f"MERGE profile: {args.kind}, {args.source_rows:,} source rows ({args.source}) into "
-          f"{args.target_rows:,} rows in {args.target_files} files{' with DVs' if args.deletion_vectors else ''}, "
+          f"{args.target_rows:,} rows in {args.target_files} files{features}, "
           f"{args.key_dist} keys; "
           f"median of {args.runs} runs after {args.warmup} warm-ups")
     names: list[str] = []
