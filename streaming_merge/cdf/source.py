@@ -80,7 +80,12 @@ __all__ = ["SHORT_NAME", "ChangesOptions", "ChangesPartition", "DeltaChangesData
 SHORT_NAME = "delta_changes"
 DEFAULT_MAX_FILES = 1000  # Delta's maxFilesPerTrigger default
 _OFFSET_FORMAT = 1
-_PARTITION_BYTES = 128 * 1024 * 1024  # change files packed into one Spark task up to this size
+# Change files are packed into Spark tasks as Spark's file sources split their input: about the
+# batch's bytes over the slots, at least 4 MB and at most 128 MB a task. The planner (a Python
+# worker) cannot ask the cluster for its slots, so it assumes _SLOTS.
+_MIN_PARTITION_BYTES = 4 * 1024 * 1024
+_MAX_PARTITION_BYTES = 128 * 1024 * 1024
+_SLOTS = 8
 _CACHED_VERSIONS = 256
 _KNOWN = {"path", "startingversion", "startingtimestamp", "maxfilespertrigger", "maxbytespertrigger",
           "readchangefeed", "readchangedata"}
@@ -447,12 +452,13 @@ class DeltaChangesStreamReader(DataSourceStreamReader, SupportsTriggerAvailableN
 
 
 def _pack(files: Sequence[ChangeFile]) -> list[ChangesPartition]:
-    """Consecutive files grouped into tasks of about _PARTITION_BYTES."""
+    """Consecutive files grouped into tasks (see _SLOTS)."""
+    target = min(_MAX_PARTITION_BYTES, max(_MIN_PARTITION_BYTES, sum(f.size for f in files) // _SLOTS))
     partitions: list[ChangesPartition] = []
     group: list[ChangeFile] = []
     size = 0
     for file in files:
-        if group and size + file.size > _PARTITION_BYTES:
+        if group and size + file.size > target:
             partitions.append(ChangesPartition(tuple(group)))
             group, size = [], 0
         group.append(file)
