@@ -10,6 +10,7 @@ from pathlib import Path
 
 import deltalake
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 from pyspark.sql import DataFrame, SparkSession
 
@@ -155,3 +156,17 @@ def test_errors_name_the_table_the_versions_and_the_fix(spark: SparkSession, tmp
             .collect()] == [(2, "insert")]
     with pytest.raises(ChangeDataNotRecordedError, match=r"not recorded for version \[3\]"):
         late.changes(starting_version=1)
+
+
+def test_data_files_with_a_change_type_column_read_by_their_action(spark: SparkSession, tmp_path: Path) -> None:
+    """Delta Lake writes ``_change_type`` into the data files of a CDF table's UPDATE; a later
+    whole-file remove of them (no cdc actions) is a delete of every row, whatever that column
+    holds."""
+    path = writable_copy("cdf-table", tmp_path)
+    removed = [a["add"]["path"] for a in commit_actions(path, 1) if "add" in a]
+    assert all("_change_type" in pq.read_schema(path / p).names for p in removed)
+    deltalake.DeltaTable(str(path)).delete("birthday = '2023-12-22'")  # version 4: those files removed
+    frame = DeltaTable.forPath(spark, str(path)).changes(starting_version=4)
+    assert ours(frame) == theirs(path, 4, columns=frame.columns)
+    assert sorted(tuple(r) for r in frame.select("id", "_change_type").collect()) == [
+        (1, "delete"), (2, "delete"), (3, "delete"), (4, "delete")]
