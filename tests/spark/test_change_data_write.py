@@ -27,9 +27,15 @@ DV = {"delta.enableDeletionVectors": "true"}
 
 
 def changes(path: str | Path, version: int, columns: tuple[str, ...] = ("k", "v")) -> Counter[tuple[Any, ...]]:
-    """One version's change rows as delta-rs reads them: (_change_type, *columns) counted."""
+    """One version's change rows as delta-rs reads them, (_change_type, *columns) counted, after
+    checking that our own reader (DeltaTable.changes) returns the same rows."""
     table = pa.table(deltalake.DeltaTable(str(path)).load_cdf(starting_version=version, ending_version=version))
-    return Counter((r["_change_type"], *(r[c] for c in columns)) for r in table.to_pylist())
+    theirs = Counter((r["_change_type"], *(r[c] for c in columns)) for r in table.to_pylist())
+    spark = SparkSession.getActiveSession()
+    assert spark is not None
+    ours = DeltaTable.forPath(spark, str(path)).changes(version, version).collect()
+    assert Counter((r["_change_type"], *(r[c] for c in columns)) for r in ours) == theirs
+    return theirs
 
 
 def actions(path: str | Path, version: int) -> list[tuple[str, dict[str, Any]]]:

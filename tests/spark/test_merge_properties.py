@@ -259,9 +259,11 @@ def check_succeeded(spark: SparkSession, path: str, before: list[Row], version_b
     if metrics.get("tableVersion") is not None:
         assert metrics["tableVersion"] == version_after
 
-    # (e) change data feed: the version's change rows, read by delta-rs, are the model's
+    # (e) change data feed: the version's change rows, read by delta-rs and by us, are the model's
     if changes is not None and version_after > version_before:
         assert_same_changes(change_rows(path, version_after), changes)
+        ours_changes = DeltaTable.forPath(spark, path).changes(version_after, version_after).collect()
+        assert_same_changes([(r["_change_type"], r.asDict()) for r in ours_changes], changes)
         if not changes:  # nothing changed: no change file, and readers skip the rewrite
             assert metrics["numTargetChangeFilesAdded"] == 0, metrics
     return expected_rows
