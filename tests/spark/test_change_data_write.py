@@ -142,3 +142,26 @@ def test_merge_into_a_table_delta_lake_wrote(spark: SparkSession, tmp_path: Path
     assert sorted(r["_change_type"] for r in ours) == ["update_postimage", "update_preimage"]
     assert {r["name"] for r in ours if r["_change_type"] == "update_postimage"} == {"renamed"}
     assert {r["id"] for r in ours} == {first["id"]}
+
+
+@pytest.mark.parametrize("scd_type", [1, 2])
+def test_a_sink_batch_writes_its_change_rows(spark: SparkSession, tmp_path: Path, scd_type: int) -> None:
+    """MergeSink (SCD 1 and SCD 2) on a table it creates with the feed on: each batch's commit
+    carries its change rows, the same through both readers."""
+    from streaming_merge import MergeSink
+
+    path = tmp_path / "t"
+    sink = MergeSink(str(path), keys="k", sequence_by="seq", delete_when="op = 'd'", scd_type=scd_type, app_id="t",
+                     table_properties=CDF)
+    schema = "k long, v long, seq long, op string"
+    sink(spark.createDataFrame([(1, 10, 1, "u"), (2, 20, 1, "u")], schema), 0)
+    sink(spark.createDataFrame([(1, 11, 2, "u"), (2, None, 2, "d")], schema), 1)
+    version = DeltaTable.forPath(spark, str(path)).version()
+    found = changes(path, version)
+    if scd_type == 1:
+        assert found == Counter({("update_preimage", 1, 10): 1, ("update_postimage", 1, 11): 1,
+                                 ("delete", 2, 20): 1})
+    else:  # the old versions are closed (updated __END_AT), the new one inserted
+        assert found == Counter({("update_preimage", 1, 10): 1, ("update_postimage", 1, 10): 1,
+                                 ("insert", 1, 11): 1, ("update_preimage", 2, 20): 1,
+                                 ("update_postimage", 2, 20): 1})
