@@ -65,6 +65,14 @@ class HadoopFiles:
     def delete(self, path: str, recursive: bool = False) -> bool:
         return bool(self._fs.delete(self._path(path), recursive))
 
+    def rename(self, source: str, destination: str) -> None:
+        """Move a file (its destination's folders are made first, as a local file system needs);
+        raises OSError when the file system refuses."""
+        target = self._path(destination)
+        self._fs.mkdirs(target.getParent())
+        if not self._fs.rename(self._path(source), target):
+            raise OSError(f"Could not move `{source}` to `{destination}`")
+
     def exists(self, path: str) -> bool:
         return bool(self._fs.exists(self._path(path)))
 

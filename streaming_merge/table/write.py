@@ -20,8 +20,8 @@ import logging
 import re
 import time
 import uuid
-from collections.abc import Iterator
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, replace
 from typing import Any
 
 import pyarrow.parquet as pq
@@ -56,7 +56,10 @@ WRITE_FOLDER_PREFIX = "sm-write-"
 # folder level one write splits its change rows from its data rows by (as Delta's writer splits
 # them by a partition column of its own). Not hidden (no leading ``_``): delta-rs' and Delta's
 # VACUUM skip hidden folders, and data files must not sit where they would never be vacuumed.
+# The change files are then moved where Delta keeps them, ``_change_data/`` (which both
+# VACUUMs know: they delete its files once older than the retention).
 CHANGE_TYPE_COL = "_change_type"
+CHANGE_DATA_FOLDER = "_change_data"
 _CHANGE_FOLDER_COL = "sm_change_data"
 NOT_NULL_VIOLATION = "NOT NULL constraint violated for column:"  # Delta's text
 STRING_STATS_PREFIX = 32  # as Delta: longer strings get no min/max rather than truncated ones
@@ -126,6 +129,7 @@ def write_files(
     folder_name = f"{WRITE_FOLDER_PREFIX}{uuid.uuid4().hex}"
     folder = location.join(folder_name)
     files = HadoopFiles(spark, location.uri)
+    moved: list[str] = []  # change files moved out of the write's folder
     try:
         with parquet_write_conf(spark), _job_group(spark) as group:
             checked = _enforce_not_null(df, schema)
@@ -176,13 +180,31 @@ def write_files(
                     change_data=is_change,
                 )
             )
-        if not written:  # e.g. the empty file Spark writes for an empty DataFrame: no folder either
+        if change_data and any(w.change_data for w in written):
+            written = [_to_change_data_folder(files, location.join, w, moved) if w.change_data else w
+                       for w in written]
+            files.delete(location.join(f"{folder_name}/{_CHANGE_FOLDER_COL}=true"), recursive=True)
+        if not any(not w.change_data for w in written):  # e.g. the empty file Spark writes for an empty DataFrame
             files.delete(folder, recursive=True)
         return written
     except BaseException:
         with contextlib.suppress(Exception):
             files.delete(folder, recursive=True)
+        for path in moved:
+            with contextlib.suppress(Exception):
+                files.delete(path)
         raise
+
+
+def _to_change_data_folder(files: HadoopFiles, absolute: Callable[[str], str], written: WrittenFile,
+                           moved: list[str]) -> WrittenFile:
+    """``written`` (a change file) moved from the write's folder to ``_change_data/`` (its
+    partition folders kept), as Delta names change files: ``cdc-<uuid>.c000.snappy.parquet``."""
+    partition_dirs = written.path.split("/")[2:-1]  # after the write folder and the change-data level
+    relative = "/".join([CHANGE_DATA_FOLDER, *partition_dirs, f"cdc-{uuid.uuid4()}.c000.snappy.parquet"])
+    files.rename(absolute(written.path), absolute(relative))
+    moved.append(absolute(relative))
+    return replace(written, path=relative)
 
 
 _JOB_GROUP = "spark.jobGroup.id"

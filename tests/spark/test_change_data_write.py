@@ -97,7 +97,8 @@ def test_merge_metrics_and_commits_with_change_data(spark: SparkSession, tmp_pat
     cdc = [a for kind, a in actions(path, 1) if kind == "cdc"]
     assert metrics["numTargetChangeFilesAdded"] == len(cdc) >= 1
     assert metrics["numTargetChangeFileBytes"] == sum(a["size"] for a in cdc)
-    assert all(a["dataChange"] is False and a["path"].startswith("sm-write-") for a in cdc)
+    assert all(a["dataChange"] is False and a["path"].startswith("_change_data/cdc-") for a in cdc)
+    assert all((path / a["path"]).is_file() for a in cdc)
     assert changes(path, 1) == Counter({("update_preimage", 1, 10): 1, ("update_postimage", 1, -1): 1,
                                         ("insert", 9, 90): 1})
     # a commit of inserts only writes no change file: its added files are the inserted rows
