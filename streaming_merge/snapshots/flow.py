@@ -17,15 +17,23 @@ import logging
 import time
 from collections.abc import Mapping, Sequence
 
-from pyspark.sql import SparkSession
+from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
+from streaming_merge._profile import phase
 from streaming_merge.delta_table import DeltaTable
 from streaming_merge.errors import ConcurrentModificationError, DeltaTableError, MaterializedSourceLostError
 from streaming_merge.merge.builder import DeltaMergeBuilder
-from streaming_merge.merge.command import MergeOptions
-from streaming_merge.merge.materialize import is_lost_block_error, level_for_attempt
+from streaming_merge.merge.command import MergeOptions, merge_conf
+from streaming_merge.merge.materialize import (
+    carries_local_rows,
+    is_lost_block_error,
+    level_for_attempt,
+    materialize,
+    release,
+)
 from streaming_merge.merge.metrics import MergeMetrics
+from streaming_merge.merge.skipping import SourceStats, source_stats_columns, source_stats_of
 from streaming_merge.snapshots.diff import (
     ACTION,
     CLOSE,
@@ -50,6 +58,9 @@ from streaming_merge.table.snapshot import Snapshot, advance, load_snapshot, tab
 log = logging.getLogger(__name__)
 
 DEFAULT_MAX_ATTEMPTS = 4
+# Candidate files adding up to at most this are rewritten whole, without findTouchedFiles, whose
+# Spark job costs more than copying their untouched rows (as MergeSink does for small tables).
+SMALL_CANDIDATES_BYTES = 1024 * 1024
 
 
 def create_auto_cdc_from_snapshot_flow(
@@ -168,31 +179,16 @@ class _Flow:
         if applied is not None and applied >= version:
             return _skipped(version, snapshot.version, attempt, started)
         layout = layout_of(snapshot.schema, versioned.frame.columns, self.keys, self.scd_type, self.track, version)
-        current = scan_files(self.spark, snapshot, snapshot.files)
-        if self.scd_type == 2:
-            current = current.filter(F.col(f"`{END_AT}`").isNull())
-        source, observation = changes(checked_rows(versioned.frame, layout), current, layout, version)
-        table = DeltaTable(self.spark, self.location, "t")
-        builder = _clauses(table.merge(source.alias("s"), _condition(layout)), layout)
         level = level_for_attempt(self.merge_options.storage_levels, attempt)
-        # The flow reruns a version itself (above), from a fresh read of the log: a MERGE rerun
-        # would merge the diff taken against this snapshot into a newer one.
-        options = {f.name: getattr(self.merge_options, f.name) for f in dataclasses.fields(MergeOptions)}
-        options.update(materialize_source="all", max_attempts=1, storage_levels=(level,), snapshot=snapshot)
-        builder = builder.withOptions(**options)
-        try:
-            metrics = builder.execute(app_id=self.name, version=version)
-        except Exception as exc:
-            key_error = key_error_of(exc, layout.keys, version)
-            if key_error is not None:
-                raise key_error from exc
-            if is_lost_block_error(exc) and not isinstance(exc, MaterializedSourceLostError):
-                raise MaterializedSourceLostError(f"Snapshot version {version}: the materialized changes lost their "
-                                                  "blocks", attempts=attempt) from exc
-            raise
-        if metrics["skipped"]:  # a concurrent run committed this version first; the source was never read
+        with merge_conf(self.spark, carries_local_rows(versioned.frame)):
+            diff = self._diff(versioned, snapshot, layout, level)
+            try:
+                metrics = self._merge(diff, snapshot, layout, level, version)
+            finally:
+                release(diff.changes)
+        if metrics["skipped"]:  # a concurrent run committed this version first
             return _skipped(version, metrics["tableVersion"], attempt, started, metrics)
-        counts = parse_counts(dict(observation.get))
+        counts = diff.counts
         record = AppliedSnapshot(
             version=version, table_version=metrics["tableVersion"], skipped=False,
             snapshot_rows=counts["snapshotRows"], inserted=counts["inserted"], updated=counts["updated"],
@@ -202,6 +198,47 @@ class _Flow:
                  "%d deleted, %d unchanged (%d ms)", self.name, version, record.table_version, record.snapshot_rows,
                  record.inserted, record.updated, record.deleted, record.unchanged, record.duration_ms)
         return record
+
+    def _diff(self, versioned: VersionedSnapshot, snapshot: Snapshot, layout: SnapshotLayout, level: str) -> _Diff:
+        """The differences, materialized in one job (the join) that also observes the counts and
+        the MERGE's source statistics: the MERGE then reads a few rows, known to have unique
+        keys, and needs no pass of its own to count them."""
+        current = scan_files(self.spark, snapshot, snapshot.files)
+        if self.scd_type == 2:
+            current = current.filter(F.col(f"`{END_AT}`").isNull())
+        source, observation = changes(checked_rows(versioned.frame, layout), current, layout, versioned.version)
+        matched_on = [*layout.keys, *([START_AT] if self.scd_type == 2 else [])]
+        try:
+            with phase(self.spark, "snapshotDiff",
+                       f"AUTO CDC FROM SNAPSHOT - diffing snapshot version {versioned.version} against the table"):
+                materialized, values = materialize(source, level, source_stats_columns(matched_on))
+        except Exception as exc:
+            key_error = key_error_of(exc, layout.keys, versioned.version)
+            if key_error is not None:
+                raise key_error from exc
+            raise
+        stats = dataclasses.replace(source_stats_of(values, matched_on), unique_keys=tuple(matched_on))
+        return _Diff(materialized, stats, parse_counts(dict(observation.get)))
+
+    def _merge(self, diff: _Diff, snapshot: Snapshot, layout: SnapshotLayout, level: str, version: int
+               ) -> MergeMetrics:
+        """One MERGE of the differences, committing txn(name, version). The flow reruns a failed
+        version itself, from a fresh read of the log (a MERGE rerun would merge a diff taken
+        against this snapshot into a newer one)."""
+        table = DeltaTable(self.spark, self.location, "t")
+        builder = _clauses(table.merge(diff.changes.alias("s"), _condition(layout)), layout)
+        options = {f.name: getattr(self.merge_options, f.name) for f in dataclasses.fields(MergeOptions)}
+        options.update(materialize_source="none", source_stats=diff.stats, snapshot=snapshot, max_attempts=1,
+                       storage_levels=(level,),
+                       rewrite_all_candidates_bytes=max(self.merge_options.rewrite_all_candidates_bytes,
+                                                        SMALL_CANDIDATES_BYTES))
+        try:
+            return builder.withOptions(**options).execute(app_id=self.name, version=version)
+        except Exception as exc:
+            if is_lost_block_error(exc) and not isinstance(exc, MaterializedSourceLostError):
+                raise MaterializedSourceLostError(f"Snapshot version {version}: the materialized differences lost "
+                                                  "their blocks", attempts=1) from exc
+            raise
 
     def _create(self, versioned: VersionedSnapshot) -> None:
         """Create the table, empty, with the first snapshot's columns (SCD 2: plus the history
@@ -217,6 +254,15 @@ class _Flow:
             if not table_exists(self.location):
                 raise
         self._known = None
+
+
+@dataclasses.dataclass(frozen=True)
+class _Diff:
+    """A snapshot's differences to the table, materialized, with what their job observed."""
+
+    changes: DataFrame
+    stats: SourceStats
+    counts: dict[str, int]
 
 
 def _condition(layout: SnapshotLayout) -> str:
