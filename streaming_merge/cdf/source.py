@@ -95,6 +95,9 @@ _BYTE_UNITS = {"": 1, "b": 1, "k": 1 << 10, "kb": 1 << 10, "m": 1 << 20, "mb": 1
 
 @dataclass(frozen=True)
 class ChangesOptions:
+    """The source's options, checked when the query starts (a typo fails it then, not at the
+    first batch). Spark hands them over lower-cased."""
+
     path: str
     starting_version: int | None
     starting_latest: bool
