@@ -297,8 +297,7 @@ def test_check_writable_refuses_check_constraints(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(
-    "feature", ["ChangeDataFeed", "CheckConstraints", "ColumnMapping", "DomainMetadata",
-                "GeneratedColumns", "IdentityColumns", "RowTracking", "V2Checkpoint"],
+    "feature", ["ColumnMapping", "DomainMetadata", "IdentityColumns", "RowTracking", "V2Checkpoint"],
 )
 def test_check_writable_refuses_table_features(tmp_path: Path, feature: str) -> None:
     table = _delta_rs_table(tmp_path / "t")
@@ -306,6 +305,18 @@ def test_check_writable_refuses_table_features(tmp_path: Path, feature: str) -> 
                                         allow_protocol_versions_increase=True)
     protocol_name = feature[0].lower() + feature[1:]
     assert protocol_name in _refused(table)
+
+
+@pytest.mark.parametrize("feature", ["ChangeDataFeed", "CheckConstraints", "GeneratedColumns"])
+def test_check_writable_accepts_features_we_keep_or_that_ask_nothing_while_unused(tmp_path: Path,
+                                                                                 feature: str) -> None:
+    """changeDataFeed we honour (change rows when the property is on); checkConstraints and
+    generatedColumns come with writer version 4 and ask nothing until a constraint or a generated
+    column exists, which check_writable refuses on its own."""
+    table = _delta_rs_table(tmp_path / "t")
+    DeltaTable(table).alter.add_feature(getattr(TableFeatures, feature),
+                                        allow_protocol_versions_increase=True)
+    check_writable(load_snapshot(table))
 
 
 def test_check_writable_accepts_a_delta_rs_deletion_vector_table(tmp_path: Path) -> None:
