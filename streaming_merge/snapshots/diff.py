@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 from pyspark.sql import Column, DataFrame, Observation, Window
 from pyspark.sql import functions as F
-from pyspark.sql.types import DataType, LongType, MapType, StructField, StructType
+from pyspark.sql.types import DataType, IntegralType, LongType, MapType, StructField, StructType
 
 from streaming_merge.errors import MergeAnalysisError
 from streaming_merge.snapshots.errors import SnapshotKeyError, SnapshotSchemaError
@@ -108,7 +108,12 @@ def layout_of(table: StructType, snapshot_columns: Sequence[str], keys: Sequence
         tracked = track.tracked(CdcSpec(keys=table_keys), [*table_keys, *data])
     except MergeAnalysisError as exc:
         raise SnapshotSchemaError(str(exc)) from exc
-    return SnapshotLayout(table_keys, data, types, 2, tuple(tracked), types[START_AT])
+    history_type = types[START_AT]
+    if not isinstance(history_type, IntegralType):
+        raise SnapshotSchemaError(f"The table's {START_AT} is {history_type.simpleString()}; a snapshot flow records "
+                                  "snapshot versions there, which are integers (a MergeSink table sequenced by a "
+                                  "non-integer sequence_by cannot take snapshots).")
+    return SnapshotLayout(table_keys, data, types, 2, tuple(tracked), history_type)
 
 
 def checked_rows(frame: DataFrame, layout: SnapshotLayout) -> DataFrame:
@@ -213,7 +218,7 @@ def _history_rows(labeled: DataFrame, layout: SnapshotLayout, version: int) -> D
     there; a tracked change does both; an untracked change updates the current version in
     place (its ``__START_AT`` stays). Rows are matched on (keys, ``__START_AT``)."""
     assert layout.history_type is not None
-    at = F.lit(version).cast(layout.history_type)
+    at = version_value(version, layout.history_type)
     none = F.lit(None).cast(layout.history_type)
     action = F.col(ACTION)
 
@@ -224,8 +229,22 @@ def _history_rows(labeled: DataFrame, layout: SnapshotLayout, version: int) -> D
     close = F.when(action.isin(DELETE, NEW_VERSION), row(F.col(_OLD_START), at, CLOSE))
     opened = F.when(action.isin(INSERT, NEW_VERSION), row(at, none, INSERT))
     in_place = F.when(action == UPDATE, row(F.col(_OLD_START), none, UPDATE))
-    rows = F.filter(F.array(close, opened, in_place), lambda r: r.isNotNull())
+    # array_compact, not filter(..., lambda): a lambda's variable gets a new name per plan,
+    # which reaches the generated code and compiled it anew every snapshot.
+    rows = F.array_compact(F.array(close, opened, in_place))
     return labeled.select(F.explode(rows).alias("__sm_row__")).select("__sm_row__.*")
+
+
+def version_value(version: int, data_type: DataType) -> Column:
+    """The snapshot version as a value the generated code reads, not a literal written into it.
+
+    Whole-stage codegen writes a numeric literal into the generated Java source, so every
+    version would compile the diff's classes anew (2 Janino compilations per SCD 2 snapshot, and
+    the JIT's work after them), for the same plan. A string literal is passed by reference; the
+    optimizer would fold or push a cast of it into the CASE that keeps it from being constant
+    (as for ``table.append.recorded_now``), but not ``conv``, whose result is then cast."""
+    text = F.when(F.spark_partition_id() >= 0, F.lit(str(version)))
+    return F.conv(text, 10, 10).cast(data_type)
 
 
 def parse_counts(values: dict[str, object]) -> dict[str, int]:

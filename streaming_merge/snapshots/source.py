@@ -41,7 +41,7 @@ def snapshots(spark: SparkSession, source: SnapshotSource, latest: Callable[[], 
     loop or by a concurrent run) is never handed out twice."""
     if isinstance(source, DataFrame | str):
         last = latest()
-        yield VersionedSnapshot(read_now(spark, source, storage_options), (last or 0) + 1)
+        yield VersionedSnapshot(batch(read_now(spark, source, storage_options)), (last or 0) + 1)
         return
     if not callable(source):
         raise TypeError("source must be a table path or name, a DataFrame, or a function "
@@ -90,4 +90,12 @@ def checked(produced: object, last: int | None) -> VersionedSnapshot:
     if version < 0:
         raise SnapshotVersionError(f"next_snapshot_and_version returned the version {version}; snapshot "
                                    "versions are 0 or more (they are recorded as the Delta txn version)")
-    return VersionedSnapshot(frame, version)
+    return VersionedSnapshot(batch(frame), version)
+
+
+def batch(frame: DataFrame) -> DataFrame:
+    """A snapshot is a whole table at one moment: a streaming DataFrame is none."""
+    if frame.isStreaming:
+        raise SnapshotCdcError("The snapshot is a streaming DataFrame; AUTO CDC FROM SNAPSHOT takes batch snapshots "
+                               "(for a change stream use MergeSink / AUTO CDC instead).")
+    return frame
