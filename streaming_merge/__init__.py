@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     from streaming_merge.optimize.builder import DeltaOptimizeBuilder
     from streaming_merge.optimize.metrics import OptimizeMetrics
     from streaming_merge.optimize.options import OptimizeOptions
+    from streaming_merge.streaming.auto_cdc import create_auto_cdc_flow
     from streaming_merge.streaming.compaction import AutoCompact
     from streaming_merge.streaming.progress import MergeProgress, MergeProgressListener
     from streaming_merge.streaming.sink import MergeSink
@@ -40,6 +41,7 @@ _HOMES = {
     "MergeSink": "streaming_merge.streaming.sink",
     "OptimizeMetrics": "streaming_merge.optimize.metrics",
     "OptimizeOptions": "streaming_merge.optimize.options",
+    "create_auto_cdc_flow": "streaming_merge.streaming.auto_cdc",
 }
 
 __all__ = [
@@ -55,6 +57,7 @@ __all__ = [
     "MergeSink",
     "OptimizeMetrics",
     "OptimizeOptions",
+    "create_auto_cdc_flow",
     "errors",
 ]
 

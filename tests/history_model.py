@@ -4,10 +4,16 @@ the README ("SCD type 2", "Truncates"), independently of the sink's Spark plans.
 Events are dicts with ``id`` (None for a truncate), ``lsn`` (the sequence), ``op`` ('c',
 'u', 'd' or 't') and data columns. Within a batch, events of one (id, lsn) collapse to the
 last in batch order.
+
+Partial updates in SCD 2 (``present``, see ``tests/partial_model.presence``): an upsert that
+carries no value for a column takes the value of the key's event before it in sequence order,
+back to its last delete or truncate (none: NULL), before its tracked columns are compared. A
+table row carries full values (it was filled when it was written).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 Event = dict[str, Any]
@@ -23,17 +29,29 @@ def _last_per_position(batch: list[Event]) -> list[Event]:
     return list(kept.values())
 
 
-def fold(events: list[tuple[Any, bool, Event | None]], tracked: list[str], untracked: list[str]) -> list[Row]:
-    """The history of one key from its events ``(lsn, is_delete, event)``, one per lsn."""
+Present = Callable[[str, Any], bool]
+
+
+def fold(events: list[tuple[Any, bool, Event | None]], tracked: list[str], untracked: list[str],
+         present: Present | None = None) -> list[Row]:
+    """The history of one key from its events ``(lsn, is_delete, event)``, one per lsn; with
+    ``present``, the values an upsert leaves out are carried from the events before it."""
     rows: list[Row] = []
     open_row: Row | None = None
+    carried: dict[str, Any] = {}
     for lsn, is_delete, event in sorted(events, key=lambda e: e[0]):
         if is_delete:
             if open_row is not None:
                 open_row[END] = lsn
             open_row = None
+            carried = {}
             continue
         assert event is not None
+        if present is not None:
+            from_table = START in event
+            event = {**event, **{c: event[c] if from_table or present(c, event[c]) else carried.get(c)
+                                 for c in [*tracked, *untracked]}}
+            carried = {c: event[c] for c in [*tracked, *untracked]}
         if open_row is not None and all(open_row[c] == event[c] for c in tracked):
             open_row.update({c: event[c] for c in untracked})
             continue
@@ -47,8 +65,8 @@ def fold(events: list[tuple[Any, bool, Event | None]], tracked: list[str], untra
 class Scd2Model:
     """The table after each batch: per key, the rows; plus the recorded tombstones and truncates."""
 
-    def __init__(self, tracked: list[str], untracked: list[str]) -> None:
-        self.tracked, self.untracked = tracked, untracked
+    def __init__(self, tracked: list[str], untracked: list[str], present: Present | None = None) -> None:
+        self.tracked, self.untracked, self.present = tracked, untracked, present
         self.rows: dict[Any, list[Row]] = {}
         self.tombstones: dict[Any, set[Any]] = {}
         self.truncates: set[Any] = set()
@@ -78,7 +96,8 @@ class Scd2Model:
                 if event["id"] == key:
                     deleted = event["op"] == "d"
                     offer(event["lsn"], 3 if deleted else 2, deleted, None if deleted else event)
-            history = fold([(lsn, d, e) for lsn, (_, d, e) in by_lsn.items()], self.tracked, self.untracked)
+            history = fold([(lsn, d, e) for lsn, (_, d, e) in by_lsn.items()], self.tracked, self.untracked,
+                           self.present)
             if history:
                 self.rows[key] = history
             else:

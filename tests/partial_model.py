@@ -1,4 +1,5 @@
-"""Reference model of partial CDC updates (``ignore_null_updates`` / ``unavailable_value``),
+"""Reference model of partial CDC updates (``ignore_null_updates``, per column with
+``ignore_null_updates_column_list`` / ``..._except_column_list``, ``unavailable_value``),
 written from the documented rule, independently of the sink's Spark plan.
 
 Per batch and key: the events are ordered by sequence (ties: batch order); those not newer
@@ -11,20 +12,29 @@ newest event is a delete records a tombstone at its sequence.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Collection
 from typing import Any
 
 Event = dict[str, Any]
 
 
-def apply_batches(batches: list[list[Event]], *, data_columns: list[str], ignore_nulls: bool,
+def presence(ignore_nulls: bool | Collection[str], placeholder: str | None) -> Callable[[str, Any], bool]:
+    """``present(column, value)``: the event carries a value for the column. ``ignore_nulls``:
+    True (a NULL means "unchanged" in every column, ``ignore_null_updates``) or the columns
+    where it does (``ignore_null_updates_column_list``, or the complement of an except list)."""
+    def present(column: str, value: Any) -> bool:
+        if value is None:
+            return not (ignore_nulls is True or (not isinstance(ignore_nulls, bool) and column in ignore_nulls))
+        return not (placeholder is not None and isinstance(value, str) and value == placeholder)
+
+    return present
+
+
+def apply_batches(batches: list[list[Event]], *, data_columns: list[str], ignore_nulls: bool | Collection[str],
                   placeholder: str | None) -> dict[Any, Event]:
     rows: dict[Any, Event] = {}
     tombstones: dict[Any, Any] = {}
-
-    def present(value: Any) -> bool:
-        if value is None:
-            return not ignore_nulls
-        return not (placeholder is not None and isinstance(value, str) and value == placeholder)
+    is_present = presence(ignore_nulls, placeholder)
 
     for batch in batches:
         by_key: dict[Any, list[Event]] = {}
@@ -45,7 +55,7 @@ def apply_batches(batches: list[list[Event]], *, data_columns: list[str], ignore
                 previous = state or {}
                 state = {"id": key, "lsn": event["lsn"]}
                 for column in data_columns:
-                    state[column] = event[column] if present(event[column]) else previous.get(column)
+                    state[column] = event[column] if is_present(column, event[column]) else previous.get(column)
             if ordered[-1]["op"] == "d":
                 tombstones[key] = max(tombstones.get(key, ordered[-1]["lsn"]), ordered[-1]["lsn"])
             if state is None:

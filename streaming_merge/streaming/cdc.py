@@ -25,6 +25,7 @@ from pyspark.sql.types import StructType
 
 from streaming_merge._per_context import PerContext
 from streaming_merge.errors import MergeAnalysisError, MultipleSourceRowMatchingTargetRowError
+from streaming_merge.streaming.sequence_layout import CDC_METADATA, UPSERT_SEQUENCE
 
 DELETE_FLAG = "__sm_is_delete__"
 NULL_KEY_FLAG = "__sm_null_key__"
@@ -45,24 +46,35 @@ class CdcSpec:
     sequence_by: Sequence[str] = ()
     delete_when: str | Column | None = None
     dedupe: Dedupe = "last"
-    # Partial updates: a NULL (with ignore_null_updates) or the placeholder value in a string
-    # column (unavailable_value) means "unchanged" and never overwrites the table's value.
+    # Partial updates: a NULL (with ignore_null_updates, in every data column, or only in those of
+    # ignore_null_columns, or in all but those of ignore_null_except) or the placeholder value in a
+    # string column (unavailable_value) means "unchanged" and never overwrites the table's value.
     ignore_null_updates: bool = False
     unavailable_value: str | None = None
     # Rows for which this is true truncate the table as of their sequence value (they carry no key).
     truncate_when: str | Column | None = None
     # SCD type 2 keeps every event of a key (one per sequence value), not only the newest.
     keep_all_events: bool = False
+    ignore_null_columns: Sequence[str] | None = None  # ignore_null_updates_column_list
+    ignore_null_except: Sequence[str] | None = None  # ignore_null_updates_except_column_list
 
     @property
     def partial(self) -> bool:
-        return self.ignore_null_updates or self.unavailable_value is not None
+        return (self.ignore_null_updates or bool(self.ignore_null_columns) or self.ignore_null_except is not None
+                or self.unavailable_value is not None)
 
     def __post_init__(self) -> None:
         if not self.keys:
             raise ValueError("keys must name at least one column")
         if self.dedupe not in ("last", "error"):
             raise ValueError(f"dedupe must be 'last' or 'error', got {self.dedupe!r}")
+        given = [name for name, value in (("ignore_null_updates=True", self.ignore_null_updates or None),
+                                          ("ignore_null_updates_column_list", self.ignore_null_columns),
+                                          ("ignore_null_updates_except_column_list", self.ignore_null_except))
+                 if value is not None]
+        if len(given) > 1:
+            raise ValueError(f"Pass one of {' / '.join(given)}: they are alternatives (every column, only the "
+                             "listed ones, all but the listed ones), as in Spark's create_auto_cdc_flow.")
 
     def check_columns(self, columns: Sequence[str]) -> None:
         known = {c.lower() for c in columns}
@@ -72,35 +84,69 @@ class CdcSpec:
                 raise MergeAnalysisError(
                     f"The micro-batch has no {role} column(s) {missing}; its columns are {list(columns)}."
                 )
+        named = self.ignore_null_columns if self.ignore_null_columns is not None else self.ignore_null_except
+        if named:
+            option = ("ignore_null_updates_column_list" if self.ignore_null_columns is not None
+                      else "ignore_null_updates_except_column_list")
+            data = {c.lower() for c in self.data_columns(columns)}
+            wrong = [c for c in named if c.lower() not in data]
+            if wrong:
+                raise MergeAnalysisError(
+                    f"{option} names {wrong}, which are not data columns of the micro-batch: keys and sequence_by "
+                    f"columns always come from the newest event. Its data columns are {self.data_columns(columns)}.")
+
+    def ignores_nulls(self, column: str) -> bool:
+        """True when a NULL in ``column`` means "unchanged" (AUTO CDC's ignore-null selection)."""
+        if self.ignore_null_updates:
+            return True
+        if self.ignore_null_columns is not None:
+            return column.lower() in {c.lower() for c in self.ignore_null_columns}
+        if self.ignore_null_except is not None:
+            return column.lower() not in {c.lower() for c in self.ignore_null_except}
+        return False
+
+    def present(self, column: str, data_type: str) -> Column:
+        """True where an event carries a value for ``column`` (of Spark type name ``data_type``):
+        not a NULL when NULLs mean "unchanged" there, not the placeholder in a string column."""
+        value = F.col(f"`{column}`")
+        present = value.isNotNull() if self.ignores_nulls(column) else F.lit(True)
+        if self.unavailable_value is not None and data_type == "string":
+            present = present & ~value.eqNullSafe(F.lit(self.unavailable_value))
+        return present
 
     def key_condition(self, target: str = "t", source: str = "s") -> str:
         return " AND ".join(f"`{target}`.`{k}` = `{source}`.`{k}`" for k in self.keys)
 
-    def newer(self, target: str = "t", source: str = "s") -> str | None:
-        """SQL: the source event is newer than the target row (a NULL table sequence loses)."""
+    def stored_sequence(self, alias: str, in_metadata: bool = False) -> str:
+        """SQL: the sequence of a row of the frame aliased ``alias``, kept in the ``sequence_by``
+        columns or, ``in_metadata``, in ``__spark_autocdc_metadata.upsertSequence`` (see
+        ``sequence_layout``); a struct of the columns for several, as ``sequence`` forms it."""
+        if in_metadata:
+            return f"`{alias}`.`{CDC_METADATA}`.`{UPSERT_SEQUENCE}`"
+        if len(self.sequence_by) == 1:
+            return f"`{alias}`.`{self.sequence_by[0]}`"
+        return "struct(" + ", ".join(f"`{alias}`.`{c}`" for c in self.sequence_by) + ")"
+
+    def newer(self, target: str = "t", source: str = "s", in_metadata: bool = False) -> str | None:
+        """SQL: the source event is newer than the target row (a NULL table sequence loses).
+        ``in_metadata``: both sides keep the sequence in the metadata column."""
         if not self.sequence_by:
             return None
-        if len(self.sequence_by) == 1:
-            column = self.sequence_by[0]
-            return f"(`{target}`.`{column}` IS NULL OR `{source}`.`{column}` > `{target}`.`{column}`)"
-        t_struct = ", ".join(f"`{target}`.`{c}`" for c in self.sequence_by)
-        s_struct = ", ".join(f"`{source}`.`{c}`" for c in self.sequence_by)
-        return f"(struct({t_struct}) IS NULL OR struct({s_struct}) > struct({t_struct}))"
+        row = self.stored_sequence(target, in_metadata)
+        return f"({row} IS NULL OR {self.stored_sequence(source, in_metadata)} > {row})"
 
-    def later(self, sequence_sql: str, target: str = "t") -> str:
+    def later(self, sequence_sql: str, target: str = "t", in_metadata: bool = False) -> str:
         """SQL: ``sequence_sql`` (a sequence value of the source's form) is newer than the target
         row's sequence (a NULL table sequence loses)."""
         if not self.sequence_by:
             return "true"
-        if len(self.sequence_by) == 1:
-            column = f"`{target}`.`{self.sequence_by[0]}`"
-        else:
-            column = "struct(" + ", ".join(f"`{target}`.`{c}`" for c in self.sequence_by) + ")"
-        return f"({column} IS NULL OR {sequence_sql} > {column})"
+        row = self.stored_sequence(target, in_metadata)
+        return f"({row} IS NULL OR {sequence_sql} > {row})"
 
     def data_columns(self, columns: Sequence[str]) -> list[str]:
-        """The columns a partial update may leave unchanged: all but keys, sequence, internal."""
-        fixed = {c.lower() for c in [*self.keys, *self.sequence_by]}
+        """The columns a partial update may leave unchanged: all but keys, sequence, the
+        sequence's metadata column and internal ones."""
+        fixed = {c.lower() for c in [*self.keys, *self.sequence_by, CDC_METADATA]}
         return [c for c in columns if c.lower() not in fixed and not c.startswith("__sm_")]
 
     def sequence_literal(self, value: Any, schema: StructType) -> Column:
@@ -112,8 +158,10 @@ class CdcSpec:
         return F.struct(*[F.lit(part).cast(types[name.lower()]).alias(name)
                           for name, part in zip(self.sequence_by, value, strict=True)])
 
-    def sequence_of(self, alias: str) -> Column:
+    def sequence_of(self, alias: str, in_metadata: bool = False) -> Column:
         """The sequence of the rows of the table aliased ``alias`` (as ``sequence`` forms it)."""
+        if in_metadata:
+            return F.col(f"{alias}.`{CDC_METADATA}`.`{UPSERT_SEQUENCE}`")
         if len(self.sequence_by) == 1:
             return F.col(f"{alias}.`{self.sequence_by[0]}`")
         return F.struct(*[F.col(f"{alias}.`{c}`").alias(c) for c in self.sequence_by])
@@ -128,8 +176,10 @@ class CdcSpec:
 @dataclass(frozen=True)
 class ColumnSelection:
     """Which source columns reach the table (AUTO CDC's ``column_list`` /
-    ``except_column_list``). The keys and the ``sequence_by`` columns always do: the MERGE
-    matches on the keys and its out-of-order guard compares the table's sequence."""
+    ``except_column_list``). The keys always do: the MERGE matches on them. The ``sequence_by``
+    columns reach it when selected; when they are not, an SCD 1 table keeps each row's sequence
+    in ``__spark_autocdc_metadata`` instead (``sequence_layout``), and a table that already has
+    them keeps them (``columns(keep=...)``)."""
 
     include: Sequence[str] | None = None
     exclude: Sequence[str] | None = None
@@ -144,16 +194,25 @@ class ColumnSelection:
         dropped_required = sorted({c.lower() for c in self.exclude or ()} & {c.lower() for c in self.required})
         if dropped_required:
             raise ValueError(
-                f"except_column_list names {dropped_required}, which the sink needs in the table: keys and "
-                "sequence_by columns are always kept (the MERGE matches on the keys and guards on the sequence)."
+                f"except_column_list names {dropped_required}, which the sink needs in the table: keys are always "
+                "kept (the MERGE matches on them)."
             )
 
     @property
     def active(self) -> bool:
         return self.include is not None or self.exclude is not None
 
-    def columns(self, available: Sequence[str]) -> list[str]:
-        """The batch's columns to keep, in batch order (internal ``__sm_`` columns included)."""
+    def leaves_out(self, names: Sequence[str]) -> list[str]:
+        """Those of ``names`` the selection keeps out of the table (before seeing a batch)."""
+        if self.include is not None:
+            wanted = {c.lower() for c in [*self.include, *self.required]}
+            return [n for n in names if n.lower() not in wanted]
+        dropped = {c.lower() for c in self.exclude or ()}
+        return [n for n in names if n.lower() in dropped]
+
+    def columns(self, available: Sequence[str], keep: Sequence[str] = ()) -> list[str]:
+        """The batch's columns to keep, in batch order (internal ``__sm_`` columns and ``keep``
+        included)."""
         named = list(self.include if self.include is not None else self.exclude or ())
         known = {c.lower() for c in available}
         unknown = [c for c in named if c.lower() not in known]
@@ -163,10 +222,11 @@ class ColumnSelection:
                 f"{option} names column(s) {unknown} that the micro-batch does not have; its columns are "
                 f"{[c for c in available if not c.startswith('__sm_')]}."
             )
+        forced = {c.lower() for c in keep}
         if self.include is not None:
-            wanted = {c.lower() for c in [*self.include, *self.required]}
+            wanted = {c.lower() for c in [*self.include, *self.required]} | forced
             return [c for c in available if c.lower() in wanted or c.startswith("__sm_")]
-        dropped = {c.lower() for c in self.exclude or ()}
+        dropped = {c.lower() for c in self.exclude or ()} - forced
         return [c for c in available if c.lower() not in dropped]
 
 
@@ -388,9 +448,7 @@ def _fold_partial(spec: CdcSpec, columns: Sequence[str], types: dict[str, str], 
                   F.max(F.when(F.col(DELETE_FLAG) & ~null_key, ordering)).alias("__sm_last_delete__")]
     for column in data:
         value = F.col(f"`{column}`")
-        present = value.isNotNull() if spec.ignore_null_updates else F.lit(True)
-        if spec.unavailable_value is not None and types[column] == "string":
-            present = present & ~value.eqNullSafe(F.lit(spec.unavailable_value))
+        present = spec.present(column, types[column])
         # The newest present value with its position: one aggregate, no window. It counts only
         # when it comes after the key's last delete; if it does not, no present value does.
         aggregates.append(F.max(F.when(present | null_key, F.struct(ordering.alias("o"), value.alias("v"))))

@@ -36,6 +36,7 @@ from typing import Any
 from pyspark.sql import Column, DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 from pyspark.sql.types import StructField, StructType
+from pyspark.sql.window import WindowSpec
 
 from streaming_merge.errors import MergeAnalysisError
 from streaming_merge.merge.skipping import ColumnScope, SkippingPlan
@@ -54,6 +55,7 @@ _FIRST, _LAST = "__sm_first__", "__sm_last__"
 # A table row's content (data, __END_AT); from the batch?; a row's end as a delete; rows that go.
 _OLD, _BATCH, _MARKER, _GONE = "__sm_old__", "__sm_from_batch__", "__sm_marker__", "__sm_gone__"
 _BOUND = "__sm_oldest_event__"  # per touched key: history ending before it cannot change
+_SEGMENT = "__sm_since_delete__"  # partial updates: how many deletes precede an event of its key
 # At one (key, sequence value): a delete or truncate beats a batch upsert, which beats the table's row.
 _TABLE_ROW, _BATCH_UPSERT, _DELETE = 1, 2, 3
 
@@ -99,9 +101,20 @@ class TrackHistory:
 
 
 def history_changes(spec: CdcSpec, tracked: Sequence[str], events: DataFrame, current: DataFrame | None,
-                    deletes: DataFrame | None, truncates: Sequence[Column]) -> DataFrame:
+                    deletes: DataFrame | None, truncates: Sequence[Column],
+                    columns: Sequence[str] | None = None) -> DataFrame:
     """The history rows to insert, update or delete (column ``ACTION``) so that the keys of
     ``events`` hold the fold of their whole event list.
+
+    ``columns``: the table's columns besides the history ones (default: the events' own); the
+    events may carry more, the ``sequence_by`` columns among them when the table leaves them
+    out (``__START_AT`` / ``__END_AT`` carry the sequence already).
+
+    Partial updates (``spec.partial``): an upsert that carries no value for a column (a NULL
+    where NULLs mean "unchanged", the placeholder) takes the value of the event before it in
+    sequence order, back to the key's last delete or truncate (none: NULL), before its tracked
+    columns are compared; so an event that changes nothing but leaves columns out updates its
+    version in place, as any event whose tracked values are unchanged does.
 
     ``events``: the batch's events (table columns plus ``DELETE_FLAG``), one per (key,
     sequence value). ``current``: the table's rows of those keys that the batch can change
@@ -114,7 +127,7 @@ def history_changes(spec: CdcSpec, tracked: Sequence[str], events: DataFrame, cu
     history row) comes out of the fold itself.
     """
     keys = list(spec.keys)
-    columns = [c for c in events.columns if not c.startswith("__sm_")]
+    columns = list(columns) if columns is not None else [c for c in events.columns if not c.startswith("__sm_")]
     data = [c for c in columns if c not in keys]
     key_cols = [F.col(_q(k)) for k in keys]
     old_value = F.struct(*[F.col(_q(c)) for c in [*data, END_AT]])
@@ -172,6 +185,7 @@ def history_changes(spec: CdcSpec, tracked: Sequence[str], events: DataFrame, cu
               .filter(~(F.col(_MARKER) & F.col("__sm_row_here__")))
               .withColumn("__sm_rank__", F.row_number().over(first_at_position))
               .filter(F.col("__sm_rank__") == 1)
+              .transform(_carried_forward, spec, data, dict(union.dtypes), key_cols, ordered)
               .withColumn(_NEW, opens)
               .withColumn(_NEXT, F.lead(F.col(_SEQ)).over(ordered))
               .withColumn(_VERSION, F.sum(F.col(_NEW).cast("int")).over(
@@ -207,6 +221,26 @@ def history_changes(spec: CdcSpec, tracked: Sequence[str], events: DataFrame, cu
     kept = F.filter(F.array(version_row), lambda row: row.getField(ACTION).isNotNull())
     changes = F.concat(kept, gone_rows)
     return versions.select(F.explode(changes).alias("__sm_change__")).select("__sm_change__.*")
+
+
+def _carried_forward(frame: DataFrame, spec: CdcSpec, data: Sequence[str], types: Mapping[str, str],
+                     key_cols: Sequence[Column], ordered: WindowSpec) -> DataFrame:
+    """Partial updates: each data column of a batch upsert that carries no value, replaced by
+    the last value carried since the key's last delete or truncate (a struct wraps the value so
+    that a real NULL, where NULLs do not mean "unchanged", is carried too). Table rows and
+    tombstones carry full values. ``frame`` as it is without partial updates."""
+    if not spec.partial:
+        return frame
+    since_delete = (Window.partitionBy(*key_cols, F.col(_SEGMENT)).orderBy(F.col(_SEQ))
+                    .rowsBetween(Window.unboundedPreceding, Window.currentRow))
+    carried = {}
+    for column in data:
+        present = ~F.col(_BATCH) | spec.present(column, types[column])
+        last = F.last(F.when(present, F.struct(F.col(_q(column)).alias("v"))), ignorenulls=True).over(since_delete)
+        carried[column] = last.getField("v")
+    deletes_so_far = F.sum(F.col(_DEL).cast("int")).over(
+        ordered.rowsBetween(Window.unboundedPreceding, Window.currentRow))
+    return frame.withColumn(_SEGMENT, deletes_so_far).withColumns(carried).drop(_SEGMENT)
 
 
 def truncate_spans(truncates: Sequence[Column]) -> tuple[Column, Column]:

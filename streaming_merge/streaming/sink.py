@@ -44,6 +44,15 @@ from streaming_merge.merge.materialize import (
 )
 from streaming_merge.merge.metrics import DELTA_METRICS, MergeMetrics
 from streaming_merge.merge.skipping import SourceStats, source_stats_of
+from streaming_merge.streaming.arguments import (
+    ColumnArg,
+    ScdType,
+    column_names,
+    name_list,
+    renamed,
+    scd_type_of,
+    sequence_columns,
+)
 from streaming_merge.streaming.background import BackgroundCall
 from streaming_merge.streaming.cdc import (
     DELETE_FLAG,
@@ -67,6 +76,13 @@ from streaming_merge.streaming.scd2 import (
     current_rows,
     history_changes,
     truncate_spans,
+)
+from streaming_merge.streaming.sequence_layout import (
+    CDC_METADATA,
+    SequenceLayout,
+    choose_layout,
+    metadata_value,
+    refuse_reserved,
 )
 from streaming_merge.streaming.tombstones import Tombstones
 from streaming_merge.table.append import append_rows
@@ -94,29 +110,20 @@ ClauseBuilder = Callable[[DeltaMergeBuilder], DeltaMergeBuilder]
 PhaseHook = Callable[[str, DataFrame], None]
 
 
-def _as_list(value: str | Sequence[str] | None) -> list[str]:
-    if value is None:
-        return []
-    return [value] if isinstance(value, str) else list(value)
-
-
 def _check_history_options(scd_type: int, keys: Sequence[str], sequence_by: Sequence[str],
-                           clauses: ClauseBuilder | None, partial: bool, schema_evolution: bool,
+                           clauses: ClauseBuilder | None, schema_evolution: bool,
                            track_list: Sequence[str] | None, track_except: Sequence[str] | None,
                            truncates: str | Column | None) -> None:
     """Refuse option combinations SCD 2 and truncates cannot honour, before anything is written."""
-    if scd_type not in (1, 2):
-        raise ValueError(f"scd_type must be 1 or 2, got {scd_type!r}")
     if scd_type == 1 and (track_list is not None or track_except is not None):
-        raise ValueError("track_history_column_list / track_history_except_column_list need scd_type=2")
+        raise ValueError("track_history_column_list / track_history_except_column_list need stored_as_scd_type=2")
     if scd_type == 2:
         if not keys or not sequence_by:
-            raise ValueError("scd_type=2 needs keys=[...] and sequence_by=...: the history is ordered by the "
-                             "sequence values of each key's events")
-        for given, name in ((clauses, "clauses"), (partial, "ignore_null_updates / unavailable_value"),
-                            (schema_evolution, "schema_evolution")):
+            raise ValueError("stored_as_scd_type=2 needs keys=[...] and sequence_by=...: the history is ordered by "
+                             "the sequence values of each key's events")
+        for given, name in ((clauses, "clauses"), (schema_evolution, "schema_evolution")):
             if given:
-                raise ValueError(f"scd_type=2 cannot be combined with {name} (not supported yet)")
+                raise ValueError(f"stored_as_scd_type=2 cannot be combined with {name} (not supported yet)")
     if truncates is not None:
         if not keys or not sequence_by:
             raise ValueError("apply_as_truncates needs keys=[...] and sequence_by=...: a truncate applies as of "
@@ -127,16 +134,24 @@ def _check_history_options(scd_type: int, keys: Sequence[str], sequence_by: Sequ
 
 class MergeSink:
     """Upsert every micro-batch into the Delta table at ``target``; see the README section
-    "Streaming upserts" for each option."""
+    "Streaming upserts" for each option.
+
+    The CDC options carry AUTO CDC's names (Spark 4.3's ``create_auto_cdc_flow``, Databricks'
+    AUTO CDC): ``apply_as_deletes``, ``apply_as_truncates``, ``stored_as_scd_type``,
+    ``column_list`` / ``except_column_list``, ``track_history_*``, ``ignore_null_updates*``;
+    keys, column lists and ``sequence_by`` take names or PySpark Columns. ``delete_when`` and
+    ``scd_type`` are deprecated aliases of ``apply_as_deletes`` and ``stored_as_scd_type``."""
 
     def __init__(
         self,
         target: str,
-        keys: str | Sequence[str] | None = None,
+        keys: ColumnArg | Sequence[ColumnArg] | None = None,
         *,
         condition: str | None = None,
-        sequence_by: str | Sequence[str] | None = None,
-        delete_when: str | None = None,
+        sequence_by: ColumnArg | Sequence[ColumnArg] | None = None,
+        apply_as_deletes: str | Column | None = None,
+        apply_as_truncates: str | Column | None = None,
+        stored_as_scd_type: ScdType | None = None,
         dedupe: Dedupe = "last",
         clauses: ClauseBuilder | None = None,
         app_id: str | None = None,
@@ -155,16 +170,20 @@ class MergeSink:
         phase_hook: PhaseHook | None = None,
         storage_options: Mapping[str, str] | None = None,
         auto_compact: AutoCompact | None = None,
-        column_list: Sequence[str] | None = None,
-        except_column_list: Sequence[str] | None = None,
+        column_list: Sequence[ColumnArg] | None = None,
+        except_column_list: Sequence[ColumnArg] | None = None,
         ignore_null_updates: bool = False,
+        ignore_null_updates_column_list: Sequence[ColumnArg] | None = None,
+        ignore_null_updates_except_column_list: Sequence[ColumnArg] | None = None,
         unavailable_value: str | None = None,
-        scd_type: int = 1,
-        track_history_column_list: Sequence[str] | None = None,
-        track_history_except_column_list: Sequence[str] | None = None,
-        apply_as_truncates: str | Column | None = None,
+        track_history_column_list: Sequence[ColumnArg] | None = None,
+        track_history_except_column_list: Sequence[ColumnArg] | None = None,
+        delete_when: str | Column | None = None,
+        scd_type: int | None = None,
     ) -> None:
-        key_list = _as_list(keys)
+        deletes = renamed("delete_when", delete_when, "apply_as_deletes", apply_as_deletes)
+        scd = scd_type_of(renamed("scd_type", scd_type, "stored_as_scd_type", stored_as_scd_type) or 1)
+        key_list = column_names(keys, "keys")
         if not key_list and condition is None:
             raise ValueError("MergeSink needs keys=[...] or condition='t.k = s.k'")
         if max_attempts < 1:
@@ -175,20 +194,28 @@ class MergeSink:
         self._storage_options = dict(storage_options or {})
         self._location: TableLocation | None = None
         self._followed: FollowedTable | None = None  # the target, from one batch to the next
-        partial = ignore_null_updates or unavailable_value is not None
+        # An empty list is no selection, as in Spark's API (it cannot tell one from an omitted list).
+        null_columns = name_list(ignore_null_updates_column_list, "ignore_null_updates_column_list",
+                                 empty_is_none=True)
+        null_except = name_list(ignore_null_updates_except_column_list, "ignore_null_updates_except_column_list",
+                                empty_is_none=True)
+        partial = ignore_null_updates or bool(null_columns) or null_except is not None or unavailable_value is not None
         if partial and not key_list:
             raise ValueError("ignore_null_updates / unavailable_value need keys=[...]: a partial update is "
                              "folded per key")
         if partial and schema_evolution:
             raise ValueError("ignore_null_updates / unavailable_value cannot be combined with schema_evolution yet "
                              "(their MERGE assigns columns one by one, which does not add new columns)")
-        sequence_list = _as_list(sequence_by)
-        _check_history_options(scd_type, key_list, sequence_list, clauses, partial, schema_evolution,
-                               track_history_column_list, track_history_except_column_list, apply_as_truncates)
-        self._scd_type = scd_type
-        self._track = TrackHistory(track_history_column_list, track_history_except_column_list)
-        self._spec = CdcSpec(key_list, sequence_list, delete_when, dedupe, ignore_null_updates,
-                             unavailable_value, apply_as_truncates, keep_all_events=scd_type == 2
+        sequence_list = sequence_columns(sequence_by)
+        track_list = name_list(track_history_column_list, "track_history_column_list")
+        track_except = name_list(track_history_except_column_list, "track_history_except_column_list")
+        _check_history_options(scd, key_list, sequence_list, clauses, schema_evolution, track_list, track_except,
+                               apply_as_truncates)
+        self._scd_type = scd
+        self._track = TrackHistory(track_list, track_except)
+        self._spec = CdcSpec(key_list, sequence_list, deletes, dedupe, ignore_null_updates,
+                             unavailable_value, apply_as_truncates, keep_all_events=scd == 2,
+                             ignore_null_columns=null_columns, ignore_null_except=null_except
                              ) if key_list else None
         # The batch's CDC plan, its expressions built once per batch schema (BatchPreparer).
         self._preparer = BatchPreparer(self._spec) if self._spec else None
@@ -196,10 +223,14 @@ class MergeSink:
         self._condition = condition or (self._spec.key_condition() if self._spec else "")
         # Key presence per target file is observed while materializing when the MERGE joins on
         # the keys alone (a condition of the caller's may join on anything).
-        self._joins_on_keys = condition is None and self._spec is not None and scd_type == 1
-        self._selection = ColumnSelection(
-            column_list, except_column_list,
-            [*self._spec.keys, *self._spec.sequence_by] if self._spec else [])
+        self._joins_on_keys = condition is None and self._spec is not None and scd == 1
+        self._selection = ColumnSelection(name_list(column_list, "column_list"),
+                                          name_list(except_column_list, "except_column_list"), key_list)
+        if clauses is not None and self._spec is not None and self._selection.leaves_out(sequence_list):
+            raise ValueError(
+                f"column_list / except_column_list leave the sequence_by column(s) "
+                f"{self._selection.leaves_out(sequence_list)} out of the table, which custom clauses cannot do: the "
+                f"sequence then goes to `{CDC_METADATA}`, which only the upsert preset maintains.")
         self._clauses = clauses
         self._app_id = app_id
         self._schema_evolution = schema_evolution
@@ -355,8 +386,10 @@ class MergeSink:
                     self._phase_hook("after_prepare", source)
             else:
                 dead_letter_rows = 0
-            if self._selection.active:  # after the dead letter, which keeps whole records
-                source = source.select(*[F.col(f"`{c}`") for c in self._selection.columns(source.columns)])
+            # The column selection applies right before the MERGE: the dead letter keeps whole
+            # records, and the tombstones, truncates and SCD 2 history need the sequence columns,
+            # which the table may leave out (see _table_columns).
+            layout = self._layout(snapshot, source.columns)
             tombstones_started = time.monotonic()
             merge_stats: SourceStats | None = stats
             if kept_rows is not None:  # late events already dropped: the key ranges still bound the rest
@@ -376,9 +409,11 @@ class MergeSink:
                 if self._spec is not None else []
             if self._scd_type == 2:
                 source, merge_stats = self._history_changes(spark, source, stats, snapshot, truncates,
-                                                            batch_truncates, tombstone_snapshot)
-            elif truncates:
-                source, merge_stats = forget_truncated(source, self._spec, truncates[-1]), None
+                                                            batch_truncates, tombstone_snapshot, layout)
+            else:
+                if truncates:
+                    source, merge_stats = forget_truncated(source, self._spec, truncates[-1]), None
+                source = self._to_table_columns(source, layout)
             self._ensure_table(spark, source)
             tombstones_ms = _ms(tombstones_started)
             if self._tombstones is not None and (delete_events or truncate_values):
@@ -391,7 +426,7 @@ class MergeSink:
             execute_started = time.monotonic()
             try:
                 metrics = self._merge(spark, source, app_id, batch_id, merge_stats, snapshot, batch_truncates,
-                                      recording.result if recording is not None else None)
+                                      recording.result if recording is not None else None, layout)
             except BaseException:
                 if recording is not None:
                     recording.wait_quietly()
@@ -487,17 +522,17 @@ class MergeSink:
 
     def _merge(self, spark: SparkSession, source: DataFrame, app_id: str, batch_id: int,
                stats: SourceStats | None, snapshot: Snapshot | None, truncates: Sequence[Column],
-               before_commit: Callable[[], None] | None) -> MergeMetrics:
+               before_commit: Callable[[], None] | None, layout: SequenceLayout) -> MergeMetrics:
         table = DeltaTable(spark, self._bind(spark), "t")
         if self._scd_type == 2:
             builder = self._history_upsert(table.merge(source.alias("s"), self._history_condition()), source.columns,
                                            truncates)
         else:
             builder = table.merge(source.alias("s"), self._condition)
-            builder = self._clauses(builder) if self._clauses else self._upsert(builder, source.columns)
+            builder = self._clauses(builder) if self._clauses else self._upsert(builder, source.columns, layout)
             if truncates:  # rows at or before the batch's newest truncate, of keys the batch does not touch
                 assert self._spec is not None
-                row = self._spec.sequence_of("t")
+                row = self._spec.sequence_of("t", layout.in_metadata)
                 builder = builder.whenNotMatchedBySourceDelete(condition=row.isNull() | (row <= truncates[-1]))
         # The batch is materialized once, above, with its statistics; a tombstone-filtered
         # source (stats None) is materialized by the MERGE, which counts what is left.
@@ -516,20 +551,23 @@ class MergeSink:
             builder = builder.withSchemaEvolution()
         return builder.execute(app_id=app_id, version=batch_id)
 
-    def _upsert(self, builder: DeltaMergeBuilder, source_columns: Sequence[str]) -> DeltaMergeBuilder:
-        """The CDC preset: newest event per key wins, deletes delete, nothing older wins."""
+    def _upsert(self, builder: DeltaMergeBuilder, source_columns: Sequence[str], layout: SequenceLayout
+                ) -> DeltaMergeBuilder:
+        """The CDC preset: newest event per key wins, deletes delete, nothing older wins. The
+        guard reads the sequence where the table keeps it (``layout``); the source has it there
+        too (``_to_table_columns``)."""
         assert self._spec is not None
-        newer = self._spec.newer()
+        newer = self._spec.newer(in_metadata=layout.in_metadata)
         guard = f" AND {newer}" if newer else ""
         if self._spec.partial:
-            return self._partial_upsert(builder, source_columns, guard)
+            return self._partial_upsert(builder, source_columns, guard, layout)
         return (builder
                 .whenMatchedDelete(condition=f"s.`{DELETE_FLAG}`{guard}")
                 .whenMatchedUpdateAll(condition=f"NOT s.`{DELETE_FLAG}`{guard}")
                 .whenNotMatchedInsertAll(condition=f"NOT s.`{DELETE_FLAG}`"))
 
-    def _partial_upsert(self, builder: DeltaMergeBuilder, source_columns: Sequence[str], guard: str
-                        ) -> DeltaMergeBuilder:
+    def _partial_upsert(self, builder: DeltaMergeBuilder, source_columns: Sequence[str], guard: str,
+                        layout: SequenceLayout) -> DeltaMergeBuilder:
         """Partial updates over the folded batch (``cdc._fold_partial``): a data column takes the
         batch's value when the event it came from is newer than the table row, or when the batch
         deleted the key after the row's sequence (the row then starts afresh); otherwise the row
@@ -538,11 +576,12 @@ class MergeSink:
         assert spec is not None
         data = spec.data_columns(source_columns)
         fixed = [c for c in source_columns if not c.startswith("__sm_") and c not in data]
-        fresh = f"(s.`{RESET_COL}` IS NOT NULL AND {spec.later(f's.`{RESET_COL}`')})"
+        fresh = f"(s.`{RESET_COL}` IS NOT NULL AND {spec.later(f's.`{RESET_COL}`', in_metadata=layout.in_metadata)})"
         assignments = {f"`{c}`": f"s.`{c}`" for c in fixed}
         for column in data:
             provider = f"s.`{PROVIDER_PREFIX}{column}`"
-            assignments[f"`{column}`"] = (f"CASE WHEN {fresh} OR ({provider} IS NOT NULL AND {spec.later(provider)}) "
+            later = spec.later(provider, in_metadata=layout.in_metadata)
+            assignments[f"`{column}`"] = (f"CASE WHEN {fresh} OR ({provider} IS NOT NULL AND {later}) "
                                           f"THEN s.`{column}` ELSE t.`{column}` END")
         values = {f"`{c}`": f"s.`{c}`" for c in [*fixed, *data]}
         return (builder
@@ -572,12 +611,12 @@ class MergeSink:
 
     def _history_changes(self, spark: SparkSession, events: DataFrame, stats: SourceStats,
                          snapshot: Snapshot | None, truncates: Sequence[Column], batch_truncates: Sequence[Column],
-                         tombstone_snapshot: Snapshot | None) -> tuple[DataFrame, None]:
+                         tombstone_snapshot: Snapshot | None, layout: SequenceLayout) -> tuple[DataFrame, None]:
         """SCD 2: the MERGE source, the history rows to insert/update/delete for the batch's keys
         (materialized by the MERGE, which observes its statistics)."""
         spec = self._spec
         assert spec is not None
-        columns = [c for c in events.columns if not c.startswith("__sm_")]
+        columns = [c for c in self._table_columns(events.columns, layout) if not c.startswith("__sm_")]
         current = None
         if snapshot is not None:
             check_table_columns(snapshot.schema, columns, self.target)
@@ -586,7 +625,43 @@ class MergeSink:
         if self._tombstones is not None:
             deletes = self._tombstones.overlapping(spark, tombstone_snapshot, stats.ranges)
         tracked = self._track.tracked(spec, columns)
-        return history_changes(spec, tracked, events, current, deletes, truncates), None
+        return history_changes(spec, tracked, events, current, deletes, truncates, columns), None
+
+    def _layout(self, snapshot: Snapshot | None, columns: Sequence[str]) -> SequenceLayout:
+        """Where the table keeps the sequence (``sequence_layout``): what the table has, or for a
+        new table what the column selection lets through. SCD 2 rows carry it in their
+        ``__START_AT`` / ``__END_AT``; without a sequence, or with custom clauses (which refuse a
+        selection without it), it stays in its columns."""
+        spec = self._spec
+        if spec is None or not spec.sequence_by:
+            return SequenceLayout(False)
+        selected = self._selection.columns(columns)
+        if self._scd_type == 2 or self._clauses is not None:
+            table = {f.name.lower() for f in snapshot.schema.fields} if snapshot is not None else set()
+            kept = [c for c in spec.sequence_by if c.lower() in table or c.lower() in {s.lower() for s in selected}]
+            return SequenceLayout(False, tuple(kept))
+        return choose_layout(spec, snapshot.schema if snapshot is not None else None, selected,
+                             target=self.target, schema_evolution=self._schema_evolution)
+
+    def _table_columns(self, columns: Sequence[str], layout: SequenceLayout) -> list[str]:
+        """The batch columns that reach the table: the selection's, the keys, and the sequence
+        columns the table keeps (``layout``); a column named like the metadata column is refused."""
+        selected = self._selection.columns(columns, keep=layout.sequence_columns)
+        if self._spec is not None:
+            refuse_reserved([c for c in selected if not c.startswith("__sm_")])
+        return selected
+
+    def _to_table_columns(self, source: DataFrame, layout: SequenceLayout) -> DataFrame:
+        """SCD 1's MERGE source: the columns that reach the table, plus the metadata column when
+        the table keeps the sequence there (computed here, after the tombstones and truncates,
+        which read the sequence columns). The keys are selected as they are (not aliased), so the
+        materialized batch's partitioning on them still holds (see ``values_newer_than``)."""
+        columns = self._table_columns(source.columns, layout)
+        if not layout.in_metadata:
+            return source if list(columns) == list(source.columns) else source.select(*[F.col(f"`{c}`")
+                                                                                      for c in columns])
+        assert self._spec is not None
+        return source.select(*[F.col(f"`{c}`") for c in columns], metadata_value(self._spec, source.schema))
 
     def _truncates(self, spark: SparkSession, batch_values: Sequence[Any], tombstone_snapshot: Snapshot | None,
                    schema: StructType) -> list[Column]:

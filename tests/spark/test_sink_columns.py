@@ -1,6 +1,7 @@
 """Column selection in MergeSink (AUTO CDC's column_list / except_column_list): which source
-columns reach the table, with the keys and the sequence always kept, read back with delta-rs
-and compared with the reference model's state projected onto the selected columns."""
+columns reach the table, the keys always, the sequence where selected (else in the reserved
+metadata column), read back with delta-rs and compared with the reference model's state
+projected onto the selected columns."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from pyspark.sql import SparkSession
 
 from streaming_merge import MergeSink
 from streaming_merge.errors import MergeAnalysisError
+from streaming_merge.streaming.sequence_layout import CDC_METADATA
 from tests.spark.test_sink import frame
 from tests.streaming_support.cdc_events import expected_state, generate
 
@@ -21,7 +23,8 @@ def _state(path: str) -> dict[int, dict[str, Any]]:
 
 
 @pytest.mark.parametrize(("options", "kept"), [
-    ({"column_list": ["name"]}, ["id", "lsn", "name"]),  # keys and sequence join the list
+    # the keys join the list; the sequence, left out, is kept in the metadata column
+    ({"column_list": ["name"]}, ["id", "name", CDC_METADATA]),
     ({"except_column_list": ["op", "AMOUNT"]}, ["id", "lsn", "name"]),  # names as Spark resolves them
     ({"column_list": ["id", "lsn", "op", "name", "amount"]}, ["id", "lsn", "op", "name", "amount"]),
 ])
@@ -32,7 +35,8 @@ def test_selected_columns_reach_the_table(spark: SparkSession, table_path: str, 
     for batch_id, events in enumerate(batches):
         sink(frame(spark, events), batch_id)
     assert deltalake.DeltaTable(table_path).schema().to_arrow().names == kept
-    expected = {key: {c: row[c] for c in kept} for key, row in expected_state(batches).items()}
+    expected = {key: {c: {"deleteSequence": None, "upsertSequence": row["lsn"]} if c == CDC_METADATA else row[c]
+                      for c in kept} for key, row in expected_state(batches).items()}
     assert _state(table_path) == expected
 
 
@@ -46,8 +50,8 @@ def test_delete_when_may_use_a_column_the_table_does_not_keep(spark: SparkSessio
 
 
 def test_bad_selections_are_refused_naming_the_columns(spark: SparkSession, table_path: str) -> None:
-    with pytest.raises(ValueError, match=r"\['lsn'\].*always kept"):
-        MergeSink(table_path, keys="id", sequence_by="lsn", except_column_list=["LSN"], app_id="x")
+    with pytest.raises(ValueError, match=r"\['id'\].*always kept"):
+        MergeSink(table_path, keys="id", sequence_by="lsn", except_column_list=["ID"], app_id="x")
     with pytest.raises(ValueError, match="not both"):
         MergeSink(table_path, keys="id", column_list=["a"], except_column_list=["b"], app_id="x")
     with pytest.raises(ValueError, match="list of column names"):

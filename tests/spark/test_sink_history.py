@@ -185,9 +185,9 @@ def test_history_options_refuse_what_they_cannot_do(spark: SparkSession, table_p
         MergeSink(table_path, keys="id", sequence_by="lsn", scd_type=3)
     with pytest.raises(ValueError, match="needs keys"):
         MergeSink(table_path, keys="id", scd_type=2)
-    with pytest.raises(ValueError, match="ignore_null_updates"):
-        MergeSink(table_path, keys="id", sequence_by="lsn", scd_type=2, ignore_null_updates=True)
-    with pytest.raises(ValueError, match="need scd_type=2"):
+    with pytest.raises(ValueError, match="schema_evolution"):
+        MergeSink(table_path, keys="id", sequence_by="lsn", scd_type=2, schema_evolution=True)
+    with pytest.raises(ValueError, match="need stored_as_scd_type=2"):
         MergeSink(table_path, keys="id", sequence_by="lsn", track_history_column_list=["name"])
     with pytest.raises(ValueError, match="not both"):
         MergeSink(table_path, keys="id", sequence_by="lsn", scd_type=2, track_history_column_list=["name"],
