@@ -109,9 +109,10 @@ def table_properties(config: ChangeSettings) -> dict[str, str]:
 def change_options(config: ChangeSettings) -> dict[str, Any]:
     """MergeSink's CDC options for Debezium change events, shared by both job modes."""
     options: dict[str, Any] = {
-        "sequence_by": [*config.extra_sequence, *debezium.SEQUENCE_COLUMNS], "delete_when": debezium.DELETE_WHEN,
-        "storage_options": config.storage_options, "ignore_null_updates": config.ignore_null_updates,
-        "unavailable_value": config.unavailable_value, "scd_type": config.scd_type,
+        "sequence_by": [*config.extra_sequence, *debezium.SEQUENCE_COLUMNS],
+        "apply_as_deletes": debezium.DELETE_WHEN, "storage_options": config.storage_options,
+        "ignore_null_updates": config.ignore_null_updates, "unavailable_value": config.unavailable_value,
+        "stored_as_scd_type": config.scd_type,
         "table_properties": table_properties(config) or None}
     if config.apply_truncates:
         options["apply_as_truncates"] = debezium.TRUNCATE_WHEN
@@ -329,8 +330,8 @@ def parse_args(argv: list[str] | None) -> tuple[IngestConfig | DatabaseConfig, s
                         help="a NULL in an update keeps the table's value (partial updates)")
     parser.add_argument("--unavailable-value", default=None,
                         help="string that stands for an unchanged value (Debezium's unavailable.value.placeholder); "
-                        f"it never overwrites the table's value (default {debezium.UNAVAILABLE_VALUE!r} with "
-                        "--scd-type 1; '' turns this off)")
+                        f"it never overwrites the table's value (default {debezium.UNAVAILABLE_VALUE!r}; "
+                        "'' turns this off)")
     parser.add_argument("--apply-truncates", action="store_true",
                         help="Debezium truncate events (op 't') truncate the table as of their position "
                         "(default: they go to the dead letter with the reason)")
@@ -354,12 +355,10 @@ def parse_args(argv: list[str] | None) -> tuple[IngestConfig | DatabaseConfig, s
                         help="delta-rs storage option for the tables' logs, e.g. AWS_REGION=eu-west-1 "
                         "(repeatable; added to those derived from Spark's fs.s3a.* / fs.azure.* / fs.gs.* settings)")
     args = parser.parse_args(argv)
-    if args.scd_type == 2 and (args.ignore_null_updates or args.unavailable_value):
-        parser.error("--scd-type 2 does not support partial updates (--ignore-null-updates / --unavailable-value) yet")
     if args.track_history_except is not None and args.scd_type != 2:
         parser.error("--track-history-except needs --scd-type 2")
     if args.unavailable_value is None:
-        args.unavailable_value = debezium.UNAVAILABLE_VALUE if args.scd_type == 1 else ""
+        args.unavailable_value = debezium.UNAVAILABLE_VALUE
     spark_conf = _key_values(parser, "--spark-conf", args.spark_conf)
     settings: dict[str, Any] = dict(  # ChangeSettings, the same in both modes
         dead_letter=args.dead_letter, available_now=args.available_now, processing_time=args.processing_time,
