@@ -48,17 +48,17 @@ def column_names(value: Any, option: str) -> list[str]:
     raise ValueError(f"{option} takes a column name, a Column or a list of them, got {value!r}")
 
 
-def name_list(value: Any, option: str, *, empty_is_none: bool = False) -> list[str] | None:
+def name_list(value: Any, option: str) -> list[str] | None:
     """A column list option (``column_list``, ``track_history_column_list``, ...): a list of
     names or Columns, as Spark's API takes it; a lone string is refused rather than read as
-    a list of one (``column_list="name"`` is more often a slip than a choice). With
-    ``empty_is_none`` an empty list counts as not given, as in Spark's API, whose wire format
-    cannot tell the two apart."""
+    a list of one (``column_list="name"`` is more often a slip than a choice). An empty list
+    counts as not given, as in Spark's API, whose wire format cannot tell the two apart (and
+    ``column_list=[]``, a table of keys alone, is more often a slip too)."""
     if value is None:
         return None
     if isinstance(value, str | Column) or not isinstance(value, Sequence):
         raise ValueError(f"{option} must be a list of column names or Columns, got {value!r}")
-    if empty_is_none and not value:
+    if not value:
         return None
     return [column_name(v, option) for v in value]
 

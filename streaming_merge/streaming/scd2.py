@@ -21,6 +21,12 @@ difference (rows to insert, to update, to delete) with one MERGE matched on
 * deletes and truncates open nothing; at one sequence value a delete or truncate wins
   over an upsert, a batch's upsert over the table's row.
 
+With partial updates an upsert's missing values (a NULL where NULLs mean "unchanged", the
+placeholder) are first carried from the key's events before it, back to its last delete or
+truncate, so its tracked columns compare as AUTO CDC's ``ignore_null_updates`` means them. The
+``sequence_by`` columns may be left out of the table: ``__START_AT`` / ``__END_AT`` carry the
+sequence, and the events keep their columns for the fold.
+
 What the table cannot remember: an event that changed no tracked column leaves no row of
 its own, so a late event that falls after it is placed as if it had never happened. A
 delete of a key that had no version yet leaves no row either; the tombstone table

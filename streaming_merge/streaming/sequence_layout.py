@@ -27,14 +27,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from pyspark.sql import Column
+from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql.types import DataType, StructField, StructType
 
 from streaming_merge.errors import MergeAnalysisError
 
 if TYPE_CHECKING:
-    from streaming_merge.streaming.cdc import CdcSpec
+    from streaming_merge.streaming.cdc import CdcSpec, ColumnSelection
 
 CDC_METADATA = "__spark_autocdc_metadata"
 DELETE_SEQUENCE = "deleteSequence"
@@ -99,3 +99,50 @@ def refuse_reserved(columns: Sequence[str]) -> None:
             f"The micro-batch has a column `{clashing[0]}`: that name is reserved for the sequence of each row "
             f"(Spark's AUTO CDC metadata column). Leave it out with except_column_list=[{CDC_METADATA!r}] or "
             "rename it.")
+
+
+@dataclass(frozen=True)
+class TableColumns:
+    """For one sink: where its table keeps the sequence and which batch columns reach it.
+    ``sequence_in_columns``: SCD 2 (``__START_AT`` / ``__END_AT`` carry the sequence) and custom
+    clauses (which refuse a selection without the sequence) never use the metadata column."""
+
+    spec: CdcSpec | None
+    selection: ColumnSelection
+    target: str
+    schema_evolution: bool
+    sequence_in_columns: bool
+
+    def layout(self, table: StructType | None, columns: Sequence[str]) -> SequenceLayout:
+        """The layout of the table (``table``: its schema, None before it exists) for a batch
+        of ``columns``: what the table has, or for a new table what the selection lets through."""
+        spec = self.spec
+        if spec is None or not spec.sequence_by:
+            return SequenceLayout(False)
+        selected = {c.lower() for c in self.selection.columns(columns)}
+        if self.sequence_in_columns:
+            present = {f.name.lower() for f in table.fields} if table is not None else set()
+            return SequenceLayout(False, tuple(c for c in spec.sequence_by
+                                               if c.lower() in present or c.lower() in selected))
+        return choose_layout(spec, table, list(selected), target=self.target, schema_evolution=self.schema_evolution)
+
+    def columns(self, columns: Sequence[str], layout: SequenceLayout) -> list[str]:
+        """The batch columns that reach the table: the selection's, the keys, and the sequence
+        columns the table keeps (``layout``); a column named like the metadata column is refused."""
+        selected = self.selection.columns(columns, keep=layout.sequence_columns)
+        if self.spec is not None:
+            refuse_reserved([c for c in selected if not c.startswith("__sm_")])
+        return selected
+
+    def frame(self, source: DataFrame, layout: SequenceLayout) -> DataFrame:
+        """SCD 1's MERGE source: the columns that reach the table, plus the metadata column when
+        the table keeps the sequence there (computed here, after the tombstones and truncates,
+        which read the sequence columns). The keys are selected as they are (not aliased), so the
+        materialized batch's partitioning on them still holds (see ``cdc.values_newer_than``)."""
+        columns = self.columns(source.columns, layout)
+        if not layout.in_metadata:
+            if list(columns) == list(source.columns):
+                return source
+            return source.select(*[F.col(f"`{c}`") for c in columns])
+        assert self.spec is not None
+        return source.select(*[F.col(f"`{c}`") for c in columns], metadata_value(self.spec, source.schema))

@@ -77,13 +77,7 @@ from streaming_merge.streaming.scd2 import (
     history_changes,
     truncate_spans,
 )
-from streaming_merge.streaming.sequence_layout import (
-    CDC_METADATA,
-    SequenceLayout,
-    choose_layout,
-    metadata_value,
-    refuse_reserved,
-)
+from streaming_merge.streaming.sequence_layout import CDC_METADATA, SequenceLayout, TableColumns
 from streaming_merge.streaming.tombstones import Tombstones
 from streaming_merge.table.append import append_rows
 from streaming_merge.table.follow import FollowedTable
@@ -182,7 +176,8 @@ class MergeSink:
         scd_type: int | None = None,
     ) -> None:
         deletes = renamed("delete_when", delete_when, "apply_as_deletes", apply_as_deletes)
-        scd = scd_type_of(renamed("scd_type", scd_type, "stored_as_scd_type", stored_as_scd_type) or 1)
+        scd_value = renamed("scd_type", scd_type, "stored_as_scd_type", stored_as_scd_type)
+        scd = scd_type_of(1 if scd_value is None else scd_value)
         key_list = column_names(keys, "keys")
         if not key_list and condition is None:
             raise ValueError("MergeSink needs keys=[...] or condition='t.k = s.k'")
@@ -194,12 +189,11 @@ class MergeSink:
         self._storage_options = dict(storage_options or {})
         self._location: TableLocation | None = None
         self._followed: FollowedTable | None = None  # the target, from one batch to the next
-        # An empty list is no selection, as in Spark's API (it cannot tell one from an omitted list).
-        null_columns = name_list(ignore_null_updates_column_list, "ignore_null_updates_column_list",
-                                 empty_is_none=True)
-        null_except = name_list(ignore_null_updates_except_column_list, "ignore_null_updates_except_column_list",
-                                empty_is_none=True)
-        partial = ignore_null_updates or bool(null_columns) or null_except is not None or unavailable_value is not None
+        # List options take names or Columns; an empty list is no selection (see name_list).
+        null_columns = name_list(ignore_null_updates_column_list, "ignore_null_updates_column_list")
+        null_except = name_list(ignore_null_updates_except_column_list, "ignore_null_updates_except_column_list")
+        partial = (ignore_null_updates or null_columns is not None or null_except is not None
+                   or unavailable_value is not None)
         if partial and not key_list:
             raise ValueError("ignore_null_updates / unavailable_value need keys=[...]: a partial update is "
                              "folded per key")
@@ -209,6 +203,8 @@ class MergeSink:
         sequence_list = sequence_columns(sequence_by)
         track_list = name_list(track_history_column_list, "track_history_column_list")
         track_except = name_list(track_history_except_column_list, "track_history_except_column_list")
+        selected = name_list(column_list, "column_list")
+        excepted = name_list(except_column_list, "except_column_list")
         _check_history_options(scd, key_list, sequence_list, clauses, schema_evolution, track_list, track_except,
                                apply_as_truncates)
         self._scd_type = scd
@@ -224,13 +220,15 @@ class MergeSink:
         # Key presence per target file is observed while materializing when the MERGE joins on
         # the keys alone (a condition of the caller's may join on anything).
         self._joins_on_keys = condition is None and self._spec is not None and scd == 1
-        self._selection = ColumnSelection(name_list(column_list, "column_list"),
-                                          name_list(except_column_list, "except_column_list"), key_list)
+        self._selection = ColumnSelection(selected, excepted, key_list)
         if clauses is not None and self._spec is not None and self._selection.leaves_out(sequence_list):
             raise ValueError(
                 f"column_list / except_column_list leave the sequence_by column(s) "
                 f"{self._selection.leaves_out(sequence_list)} out of the table, which custom clauses cannot do: the "
                 f"sequence then goes to `{CDC_METADATA}`, which only the upsert preset maintains.")
+        # Where the table keeps the sequence, and which batch columns reach it, decided per batch.
+        self._columns = TableColumns(self._spec, self._selection, target, schema_evolution,
+                                     sequence_in_columns=scd == 2 or clauses is not None)
         self._clauses = clauses
         self._app_id = app_id
         self._schema_evolution = schema_evolution
@@ -388,8 +386,8 @@ class MergeSink:
                 dead_letter_rows = 0
             # The column selection applies right before the MERGE: the dead letter keeps whole
             # records, and the tombstones, truncates and SCD 2 history need the sequence columns,
-            # which the table may leave out (see _table_columns).
-            layout = self._layout(snapshot, source.columns)
+            # which the table may leave out (see TableColumns).
+            layout = self._columns.layout(snapshot.schema if snapshot is not None else None, source.columns)
             tombstones_started = time.monotonic()
             merge_stats: SourceStats | None = stats
             if kept_rows is not None:  # late events already dropped: the key ranges still bound the rest
@@ -413,7 +411,7 @@ class MergeSink:
             else:
                 if truncates:
                     source, merge_stats = forget_truncated(source, self._spec, truncates[-1]), None
-                source = self._to_table_columns(source, layout)
+                source = self._columns.frame(source, layout)
             self._ensure_table(spark, source)
             tombstones_ms = _ms(tombstones_started)
             if self._tombstones is not None and (delete_events or truncate_values):
@@ -555,7 +553,7 @@ class MergeSink:
                 ) -> DeltaMergeBuilder:
         """The CDC preset: newest event per key wins, deletes delete, nothing older wins. The
         guard reads the sequence where the table keeps it (``layout``); the source has it there
-        too (``_to_table_columns``)."""
+        too (``TableColumns.frame``)."""
         assert self._spec is not None
         newer = self._spec.newer(in_metadata=layout.in_metadata)
         guard = f" AND {newer}" if newer else ""
@@ -616,7 +614,7 @@ class MergeSink:
         (materialized by the MERGE, which observes its statistics)."""
         spec = self._spec
         assert spec is not None
-        columns = [c for c in self._table_columns(events.columns, layout) if not c.startswith("__sm_")]
+        columns = [c for c in self._columns.columns(events.columns, layout) if not c.startswith("__sm_")]
         current = None
         if snapshot is not None:
             check_table_columns(snapshot.schema, columns, self.target)
@@ -626,42 +624,6 @@ class MergeSink:
             deletes = self._tombstones.overlapping(spark, tombstone_snapshot, stats.ranges)
         tracked = self._track.tracked(spec, columns)
         return history_changes(spec, tracked, events, current, deletes, truncates, columns), None
-
-    def _layout(self, snapshot: Snapshot | None, columns: Sequence[str]) -> SequenceLayout:
-        """Where the table keeps the sequence (``sequence_layout``): what the table has, or for a
-        new table what the column selection lets through. SCD 2 rows carry it in their
-        ``__START_AT`` / ``__END_AT``; without a sequence, or with custom clauses (which refuse a
-        selection without it), it stays in its columns."""
-        spec = self._spec
-        if spec is None or not spec.sequence_by:
-            return SequenceLayout(False)
-        selected = self._selection.columns(columns)
-        if self._scd_type == 2 or self._clauses is not None:
-            table = {f.name.lower() for f in snapshot.schema.fields} if snapshot is not None else set()
-            kept = [c for c in spec.sequence_by if c.lower() in table or c.lower() in {s.lower() for s in selected}]
-            return SequenceLayout(False, tuple(kept))
-        return choose_layout(spec, snapshot.schema if snapshot is not None else None, selected,
-                             target=self.target, schema_evolution=self._schema_evolution)
-
-    def _table_columns(self, columns: Sequence[str], layout: SequenceLayout) -> list[str]:
-        """The batch columns that reach the table: the selection's, the keys, and the sequence
-        columns the table keeps (``layout``); a column named like the metadata column is refused."""
-        selected = self._selection.columns(columns, keep=layout.sequence_columns)
-        if self._spec is not None:
-            refuse_reserved([c for c in selected if not c.startswith("__sm_")])
-        return selected
-
-    def _to_table_columns(self, source: DataFrame, layout: SequenceLayout) -> DataFrame:
-        """SCD 1's MERGE source: the columns that reach the table, plus the metadata column when
-        the table keeps the sequence there (computed here, after the tombstones and truncates,
-        which read the sequence columns). The keys are selected as they are (not aliased), so the
-        materialized batch's partitioning on them still holds (see ``values_newer_than``)."""
-        columns = self._table_columns(source.columns, layout)
-        if not layout.in_metadata:
-            return source if list(columns) == list(source.columns) else source.select(*[F.col(f"`{c}`")
-                                                                                      for c in columns])
-        assert self._spec is not None
-        return source.select(*[F.col(f"`{c}`") for c in columns], metadata_value(self._spec, source.schema))
 
     def _truncates(self, spark: SparkSession, batch_values: Sequence[Any], tombstone_snapshot: Snapshot | None,
                    schema: StructType) -> list[Column]:

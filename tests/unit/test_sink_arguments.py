@@ -45,7 +45,7 @@ def test_stored_as_scd_type_takes_spark_forms(tmp_path: object, value: object) -
     assert sink._scd_type == int(value)  # type: ignore[call-overload]
 
 
-@pytest.mark.parametrize("value", [3, "3", True, 1.5, "SCD TYPE 2"])
+@pytest.mark.parametrize("value", [0, 3, "3", True, 1.5, "SCD TYPE 2"])
 def test_stored_as_scd_type_refuses_other_values(tmp_path: object, value: object) -> None:
     with pytest.raises(ValueError, match=r"stored_as_scd_type must be 1 or 2 \(or '1' / '2'\)"):
         MergeSink(str(tmp_path), keys="id", sequence_by="lsn", stored_as_scd_type=value)  # type: ignore[arg-type]
@@ -59,8 +59,10 @@ def test_ignore_null_options_are_alternatives(tmp_path: object) -> None:
         MergeSink(str(tmp_path), keys="id", sequence_by="lsn", ignore_null_updates_column_list=["name"],
                   ignore_null_updates_except_column_list=["op"])
     # an empty list is no selection (Spark's API cannot tell it from an omitted one)
-    sink = MergeSink(str(tmp_path), keys="id", sequence_by="lsn", ignore_null_updates_column_list=[])
-    assert sink._spec is not None and not sink._spec.partial
+    sink = MergeSink(str(tmp_path), keys="id", sequence_by="lsn", ignore_null_updates_column_list=[],
+                     column_list=[], stored_as_scd_type=2, track_history_column_list=[])
+    assert sink._spec is not None and not sink._spec.partial and not sink._selection.active
+    assert sink._track.include is None
     with pytest.raises(ValueError, match="must be a list of column names or Columns"):
         MergeSink(str(tmp_path), keys="id", ignore_null_updates_column_list="name")  # type: ignore[arg-type]
 
