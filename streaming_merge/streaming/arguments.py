@@ -120,9 +120,8 @@ def _identifiers(column: Column, option: str, *, allow_struct: bool) -> list[str
 
 
 def _parsed_identifiers(text: str, column: Column, option: str, allow_struct: bool) -> list[str]:
-    session = SparkSession.getActiveSession()
-    if session is None:
-        raise ValueError(f"{option}: {column!r} is a SQL expression, which needs an active SparkSession to read")
+    # Any session's SQL parser reads it the same; a Column exists, so a session does too.
+    session = SparkSession.getActiveSession() or SparkSession.builder.getOrCreate()
     parsed = session._jsparkSession.sessionState().sqlParser().parseExpression(text)
     kind = parsed.getClass().getSimpleName()
     if kind == "UnresolvedAttribute":
