@@ -7,7 +7,7 @@ applied by three sinks to their own tables, in one process, the order rotating p
 * ``scd1``: ``MergeSink(keys, sequence_by, delete_when)``, the CDC upsert;
 * ``scd1+truncates``: the same with ``apply_as_truncates`` configured (no truncate occurs):
   what the option costs a stream that never truncates;
-* ``scd2``: ``MergeSink(..., scd_type=2)``: each batch rebuilds the touched keys' history
+* ``scd2``: ``MergeSink(..., stored_as_scd_type=2)``: each batch rebuilds the touched keys' history
   (reads their current rows, folds, writes the difference).
 
 The target is loaded by each sink from its first (untimed) batch of ``--target-rows`` inserts,
@@ -47,8 +47,8 @@ def make_sink(variant: str, path: str) -> MergeSink:
     if variant == "scd1+truncates":
         options["apply_as_truncates"] = "op = 't'"
     if variant == "scd2":
-        options.update(scd_type=2, track_history_except_column_list=["op"])
-    return MergeSink(path, keys=["id"], sequence_by="lsn", delete_when="op = 'd'", app_id="bench", **options)
+        options.update(stored_as_scd_type=2, track_history_except_column_list=["op"])
+    return MergeSink(path, keys=["id"], sequence_by="lsn", apply_as_deletes="op = 'd'", app_id="bench", **options)
 
 
 def jobs_and_ms(spark: SparkSession, call: Any) -> tuple[int, float]:

@@ -115,7 +115,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         paths = {name: str(workdir / name) for name in VARIANTS}
         for path in paths.values():
             shutil.copytree(master, path)
-        sinks = {name: MergeSink(paths[name], keys=["id"], sequence_by="lsn", delete_when="op = 'd'",
+        sinks = {name: MergeSink(paths[name], keys=["id"], sequence_by="lsn", apply_as_deletes="op = 'd'",
                                  app_id="late_events_bench") for name in VARIANTS}
         batches = [to_spark(spark, b) for b in raw_batches]
         context = spark.sparkContext

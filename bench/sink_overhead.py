@@ -186,7 +186,7 @@ class BareMerge:
 
 def make_sink(path: str, tombstones: bool) -> MergeSink:
     """Variants B and C: the sink as documented for a CDC stream."""
-    return MergeSink(path, keys=["id"], sequence_by="lsn", delete_when="op = 'd'", app_id=APP_ID,
+    return MergeSink(path, keys=["id"], sequence_by="lsn", apply_as_deletes="op = 'd'", app_id=APP_ID,
                      tombstones=tombstones)
 
 

@@ -52,7 +52,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         sinks = {}
         for name in VARIANTS:
             shutil.copytree(work / "master", work / name)
-            sinks[name] = MergeSink(str(work / name), keys=["id"], sequence_by="lsn", delete_when="op = 'd'",
+            sinks[name] = MergeSink(str(work / name), keys=["id"], sequence_by="lsn", apply_as_deletes="op = 'd'",
                                     app_id=f"growth-{name}")
         times: dict[str, list[float]] = {name: [] for name in VARIANTS}
         files: dict[str, list[int]] = {name: [] for name in VARIANTS}

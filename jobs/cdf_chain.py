@@ -93,7 +93,7 @@ def sink_for(config: ChainConfig, phase_hook: PhaseHook | None = None) -> MergeS
         properties["delta.enableChangeDataFeed"] = "true"
     if config.deletion_vectors:
         properties["delta.enableDeletionVectors"] = "true"
-    return MergeSink(config.target, keys=config.keys, sequence_by=config.sequence_column, delete_when=DELETE_WHEN,
+    return MergeSink(config.target, keys=config.keys, sequence_by=config.sequence_column, apply_as_deletes=DELETE_WHEN,
                      except_column_list=[CHANGE_TYPE], table_properties=properties or None,
                      storage_options=config.storage_options or None, phase_hook=phase_hook)
 

@@ -152,8 +152,8 @@ def test_a_sink_batch_writes_its_change_rows(spark: SparkSession, tmp_path: Path
     from streaming_merge import MergeSink
 
     path = tmp_path / "t"
-    sink = MergeSink(str(path), keys="k", sequence_by="seq", delete_when="op = 'd'", scd_type=scd_type, app_id="t",
-                     table_properties=CDF)
+    sink = MergeSink(str(path), keys="k", sequence_by="seq", apply_as_deletes="op = 'd'",
+                     stored_as_scd_type=scd_type, app_id="t", table_properties=CDF)
     schema = "k long, v long, seq long, op string"
     sink(spark.createDataFrame([(1, 10, 1, "u"), (2, 20, 1, "u")], schema), 0)
     sink(spark.createDataFrame([(1, 11, 2, "u"), (2, None, 2, "d")], schema), 1)

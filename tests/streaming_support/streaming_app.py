@@ -64,7 +64,7 @@ def main() -> int:
                 "batchBlocks": block_executors(current["copy"]), "executors": cluster_report(spark)["executors"]})
 
     spark = local_session("exactly-once-app", args.master, shuffle_partitions=2)
-    sink = MergeSink(args.target, keys=["id"], sequence_by="lsn", delete_when="op = 'd'", phase_hook=hook)
+    sink = MergeSink(args.target, keys=["id"], sequence_by="lsn", apply_as_deletes="op = 'd'", phase_hook=hook)
 
     def for_each_batch(batch: DataFrame, batch_id: int) -> None:
         current["batch"] = batch_id
