@@ -337,7 +337,7 @@ def test_missing_key_columns_and_other_columns_are_refused(spark: SparkSession, 
     with pytest.raises(SnapshotSchemaError, match=r"Not in the table: \['w'\]; not in the snapshot: \['v'\]"):
         create_auto_cdc_from_snapshot_flow(spark, target=table_path, source=wider, keys="id")
     with pytest.raises(SnapshotSchemaError, match="track_history_column_list names"):
-        create_auto_cdc_from_snapshot_flow(spark, target=str(Path(table_path) / "h"), keys="id",
+        create_auto_cdc_from_snapshot_flow(spark, target=str(Path(table_path).parent / "history"), keys="id",
                                            source=frame(spark, snapshot_of(1)), stored_as_scd_type="2",
                                            track_history_column_list=["nope"])
 
