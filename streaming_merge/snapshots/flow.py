@@ -50,6 +50,7 @@ from streaming_merge.snapshots.diff import (
 )
 from streaming_merge.snapshots.result import AppliedSnapshot, SnapshotCdcResult
 from streaming_merge.snapshots.source import SnapshotSource, VersionedSnapshot, snapshots
+from streaming_merge.streaming.arguments import ColumnArg, ScdType, column_names, name_list, scd_type_of
 from streaming_merge.streaming.scd2 import END_AT, HISTORY_COLUMNS, START_AT, TrackHistory
 from streaming_merge.table.location import TableLocation, resolve
 from streaming_merge.table.scan import scan_files
@@ -68,10 +69,10 @@ def create_auto_cdc_from_snapshot_flow(
     *,
     target: str,
     source: SnapshotSource,
-    keys: str | Sequence[str],
-    stored_as_scd_type: int | str = 1,
-    track_history_column_list: Sequence[str] | None = None,
-    track_history_except_column_list: Sequence[str] | None = None,
+    keys: ColumnArg | Sequence[ColumnArg],
+    stored_as_scd_type: ScdType = 1,
+    track_history_column_list: Sequence[ColumnArg] | None = None,
+    track_history_except_column_list: Sequence[ColumnArg] | None = None,
     name: str | None = None,
     storage_options: Mapping[str, str] | None = None,
     table_properties: Mapping[str, str] | None = None,
@@ -93,7 +94,9 @@ def create_auto_cdc_from_snapshot_flow(
     version, a change of untracked columns only updates the current version in place), and an
     unchanged row is left as it is. ``keys`` identify a row; a snapshot must hold one row per
     key, none NULL. ``track_history_column_list`` / ``track_history_except_column_list``
-    (SCD 2): which columns open a new version (default all but the keys).
+    (SCD 2): which columns open a new version (default all but the keys). Column arguments
+    are names or PySpark Columns, an empty list counts as not given, and the SCD type is 1, 2,
+    "1" or "2", as for ``create_auto_cdc_flow``.
 
     Exactly once per version: ``name`` (default: the target's location) is the Delta txn's
     app id, the snapshot version its version, committed with the version's data. The table
@@ -102,27 +105,24 @@ def create_auto_cdc_from_snapshot_flow(
     their source materialization and retries itself); ``max_attempts`` bounds the reruns of
     a version after a lost materialized block or a concurrent commit.
     """
-    scd_type = _scd_type(stored_as_scd_type)
-    if scd_type == 1 and (track_history_column_list is not None or track_history_except_column_list is not None):
+    # AUTO CDC's argument forms, read as create_auto_cdc_flow (MergeSink) reads them.
+    scd_type = scd_type_of(stored_as_scd_type)
+    track_list = name_list(track_history_column_list, "track_history_column_list")
+    track_except = name_list(track_history_except_column_list, "track_history_except_column_list")
+    if scd_type == 1 and (track_list is not None or track_except is not None):
         raise ValueError("track_history_column_list / track_history_except_column_list need stored_as_scd_type=2")
-    key_list = [keys] if isinstance(keys, str) else list(keys)
-    if not key_list or not all(isinstance(k, str) and k for k in key_list):
+    key_list = column_names(keys, "keys")
+    if not key_list:
         raise ValueError(f"keys must name at least one column, got {keys!r}")
     if max_attempts < 1:
         raise ValueError(f"max_attempts must be at least 1, got {max_attempts}")
     location = resolve(target, spark, storage_options)
     flow = _Flow(spark, location, name or f"auto_cdc_from_snapshot:{location.uri}", key_list, scd_type,
-                 TrackHistory(track_history_column_list, track_history_except_column_list),
+                 TrackHistory(track_list, track_except),
                  merge_options or MergeOptions(), max_attempts, dict(table_properties or {}),
                  list(partition_cols or []))
     applied = [flow.apply(snapshot) for snapshot in snapshots(spark, source, flow.latest_version, storage_options)]
     return SnapshotCdcResult(flow.name, location.uri, scd_type, tuple(applied))
-
-
-def _scd_type(value: int | str) -> int:
-    if isinstance(value, bool) or str(value).strip() not in ("1", "2"):
-        raise ValueError(f"stored_as_scd_type must be 1 or 2, got {value!r}")
-    return int(str(value).strip())
 
 
 @dataclasses.dataclass

@@ -20,6 +20,7 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
 
 from streaming_merge import DeltaTable, MergeOptions
 from streaming_merge.merge.materialize import checkpoint_rdd_id
@@ -54,7 +55,8 @@ def txn(path: str, name: str) -> int | None:
 
 values = st.fixed_dictionaries({"name": st.sampled_from(["a", "b", None]), "v": st.sampled_from([1, 2, None])})
 snapshots = st.dictionaries(st.integers(0, 5), values, max_size=5)
-TRACKING = {"all": (None, None, COLUMNS), "name only": (["name"], None, ["name"]),
+# (track_history_column_list, track_history_except_column_list, tracked): [] counts as not given
+TRACKING = {"all": ([], None, COLUMNS), "name only": (["name"], None, ["name"]),
             "all but name": (None, ["NAME"], ["v"])}
 
 
@@ -274,15 +276,15 @@ def test_lost_materialized_changes_rerun_the_version(spark: SparkSession, table_
 
 def test_a_table_path_or_dataframe_is_the_next_version(spark: SparkSession, tmp_path: Path) -> None:
     """Each call snapshots a Delta table (read at its latest version) or a DataFrame once and
-    applies it as the last applied version plus one. Composite keys resolve case-insensitively;
-    table properties and partition columns reach the created table."""
+    applies it as the last applied version plus one. Composite keys (names or Columns) resolve
+    case-insensitively; table properties and partition columns reach the created table."""
     source_path, target = str(tmp_path / "source"), str(tmp_path / "target")
     rows = [("eu", 1, "a"), ("us", 1, "b"), ("eu", 2, "c")]
     DeltaTable.createFromDataFrame(spark.createDataFrame(rows, "region string, id long, name string"), source_path)
 
     def run(source: Any) -> SnapshotCdcResult:
         return create_auto_cdc_from_snapshot_flow(
-            spark, target=target, source=source, keys=["REGION", "Id"], partition_cols=["region"],
+            spark, target=target, source=source, keys=[F.col("REGION"), "Id"], partition_cols=["region"],
             table_properties={"delta.logRetentionDuration": "interval 60 days"})
 
     first = run(source_path)
@@ -328,6 +330,12 @@ def test_versions_must_increase(spark: SparkSession, table_path: str) -> None:
 
 
 def test_missing_key_columns_and_other_columns_are_refused(spark: SparkSession, table_path: str) -> None:
+    for wrong, message in (({"stored_as_scd_type": 0}, "stored_as_scd_type must be 1 or 2"),
+                           ({"track_history_column_list": ["v"]}, "need stored_as_scd_type=2"),
+                           ({"keys": []}, "keys must name at least one column")):
+        with pytest.raises(ValueError, match=message):
+            create_auto_cdc_from_snapshot_flow(spark, **{"target": table_path, "source": frame(spark, {}),
+                                                         "keys": "id", **wrong})
     with pytest.raises(SnapshotSchemaError, match=r"no key column\(s\) \['order_id'\]"):
         create_auto_cdc_from_snapshot_flow(spark, target=table_path, source=frame(spark, snapshot_of(1)),
                                            keys=["id", "order_id"])
