@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     from streaming_merge.optimize.builder import DeltaOptimizeBuilder
     from streaming_merge.optimize.metrics import OptimizeMetrics
     from streaming_merge.optimize.options import OptimizeOptions
+    from streaming_merge.snapshots.flow import create_auto_cdc_from_snapshot_flow
     from streaming_merge.streaming.auto_cdc import create_auto_cdc_flow
     from streaming_merge.streaming.compaction import AutoCompact
     from streaming_merge.streaming.progress import MergeProgress, MergeProgressListener
@@ -42,6 +43,7 @@ _HOMES = {
     "OptimizeMetrics": "streaming_merge.optimize.metrics",
     "OptimizeOptions": "streaming_merge.optimize.options",
     "create_auto_cdc_flow": "streaming_merge.streaming.auto_cdc",
+    "create_auto_cdc_from_snapshot_flow": "streaming_merge.snapshots.flow",
 }
 
 __all__ = [
@@ -58,6 +60,7 @@ __all__ = [
     "OptimizeMetrics",
     "OptimizeOptions",
     "create_auto_cdc_flow",
+    "create_auto_cdc_from_snapshot_flow",
     "errors",
 ]
 
