@@ -141,8 +141,13 @@ def parse_args(argv: Sequence[str] | None) -> tuple[ChainConfig, str]:
     parser.add_argument("--checkpoint", required=True, help="the query's checkpoint folder")
     parser.add_argument("--available-now", action="store_true", help="process what is there, then stop")
     parser.add_argument("--processing-time", default=None, help="trigger interval, e.g. '10 seconds'")
-    parser.add_argument("--max-files-per-trigger", type=int, default=None)
-    parser.add_argument("--max-bytes-per-trigger", type=int, default=None)
+    parser.add_argument("--max-files-per-trigger", type=int, default=None,
+                        help="at most this many of the source's data and change files per micro-batch (the "
+                             "delta_changes source's maxFilesPerTrigger; default 1000, none when only "
+                             "--max-bytes-per-trigger is given)")
+    parser.add_argument("--max-bytes-per-trigger", type=int, default=None,
+                        help="a soft cap on the bytes of source files per micro-batch (maxBytesPerTrigger: a "
+                             "batch takes files until it holds at least this many bytes; default: no cap)")
     parser.add_argument("--starting-version", default=None,
                         help="the first source version to read (a number or 'latest'); default: the source's rows "
                              "as of the start, then its changes")

@@ -123,8 +123,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--events", type=int, default=300, help="change events per table")
     parser.add_argument("--keys", type=int, default=60, help="distinct keys per table")
-    parser.add_argument("--partitions", type=int, default=2)
-    parser.add_argument("--max-offsets-per-trigger", type=int, default=200)
+    parser.add_argument("--partitions", type=int, default=2, help="Kafka partitions per topic")
+    parser.add_argument("--max-offsets-per-trigger", type=int, default=200,
+                        help="Kafka records per micro-batch (the ingestion job's --max-offsets-per-trigger)")
     parser.add_argument("--workdir", default=None, help="where the tables go (default: a temporary folder)")
     parser.add_argument("--deletion-vectors", action="store_true",
                         help="create the tables with deletion vectors (the ingestion job's --deletion-vectors)")
