@@ -22,7 +22,9 @@ def jvm_class(spark: SparkSession, name: str) -> JavaClass:
     """The JVM class ``name`` (fully qualified) of ``spark``'s gateway, the same proxy on every
     call so that its methods are looked up once (see _RememberingClass)."""
     context = spark.sparkContext
-    return _classes.get(context, name, lambda: _RememberingClass(name, context._gateway._gateway_client))
+    gateway = context._gateway
+    assert gateway is not None, "a SparkContext has a py4j gateway"
+    return _classes.get(context, name, lambda: _RememberingClass(name, gateway._gateway_client))
 
 
 # The classes PySpark itself looks up by name on every use: each Column function

@@ -137,11 +137,11 @@ def version_changes(commit: Commit, table: str, partitioned: bool,
     that lacks its size or partition values (writers before ``extendedFileMetadata``)."""
     version, stamp = commit.version, commit.timestamp_ms
     if commit.cdcs:
-        files = [ChangeFile(path=_path(c, table, version), size=int(c["size"]),
-                            partition_values=dict(c.get("partitionValues") or {}), version=version,
-                            timestamp_ms=stamp, kind="cdc")
-                 for c in commit.cdcs]
-        return VersionChanges(version, stamp, tuple(files), commit.metadata)
+        cdc_files = [ChangeFile(path=_path(c, table, version), size=int(c["size"]),
+                                partition_values=dict(c.get("partitionValues") or {}), version=version,
+                                timestamp_ms=stamp, kind="cdc")
+                     for c in commit.cdcs]
+        return VersionChanges(version, stamp, tuple(cdc_files), commit.metadata)
     adds = {_path(a, table, version): a for a in commit.adds if a.get("dataChange", True)}
     removes = {_path(r, table, version): r for r in commit.removes if r.get("dataChange", True)}
     files: list[ChangeFile] = []

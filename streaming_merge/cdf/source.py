@@ -167,7 +167,7 @@ class _Position(NamedTuple):
     ``snapshot``) was delivered. Snapshot positions at V sort before version V + 1."""
 
     version: int
-    index: int
+    index: int  # type: ignore[assignment]  # a field, not tuple.index
     snapshot: bool
 
 

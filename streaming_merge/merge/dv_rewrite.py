@@ -202,7 +202,7 @@ def _observed_row(observation: Observation) -> dict[str, Any]:
     in Python (150 ms for the 1.3 MB of positions of an 80k-row upsert); a string field crosses
     as a string. Empty when the observation never arrived (see rewrite.observed)."""
     try:
-        row = observation._jo.getRow()  # type: ignore[attr-defined]
+        row = observation._jo.getRow()  # type: ignore[union-attr]
     except Exception as exc:  # Py4JJavaError: the metrics row never arrived
         log.debug("Observation %s not reported (subtree optimized away as empty): %s", observation, exc)
         return {}

@@ -73,7 +73,7 @@ class KeyPresenceProbe:
         if any(mask is None for mask in masks):
             return frozenset()
         return frozenset(path for bit, path in enumerate(self.paths)
-                         if not int(masks[bit // _BITS]) >> (bit % _BITS) & 1)
+                         if not int(masks[bit // _BITS] or 0) >> (bit % _BITS) & 1)
 
     def absent_observed(self, observation: Observation) -> frozenset[str]:
         """``absent`` from an observation of ``aggregates``; nothing when it never reported."""

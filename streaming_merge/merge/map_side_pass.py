@@ -126,7 +126,7 @@ def _observed(observation: Observation) -> tuple[dict[str, int], set[int], bool,
     split_touched), converted to Python, and the matched keys
     left in the JVM (a Scala sequence of rows): the metrics row is cut there, so only its small
     part is pickled. Raises Py4JError when no metrics row arrived."""
-    row = observation._jo.getRow()
+    row = observation._jo.getRow()  # type: ignore[union-attr]
     schema = row.schema()
     keys_at = int(schema.fieldIndex(MATCHED_KEYS))
     assert keys_at == int(row.length()) - 1, "the matched keys are the observation's last aggregate"

@@ -254,16 +254,16 @@ class _ClauseResolver:
         assigned: dict[str, Column] = {}
         for key, expr in clause.assignments.items():
             name = _strip_alias(key, self._target_alias)
-            field = by_lower.get(name.lower())
-            if field is None:
+            found = by_lower.get(name.lower())
+            if found is None:
                 raise MergeAnalysisError(
                     f"`{clause.describe()}` assigns to `{key}`, which is not a column of the target table "
                     f"(columns: {[f.name for f in self._output.fields]}). Nested field assignment is not "
                     "supported; assign the whole struct."
                 )
-            if field.name in assigned:
-                raise MergeAnalysisError(f"`{clause.describe()}` assigns column `{field.name}` more than once.")
-            assigned[field.name] = to_column(expr)
+            if found.name in assigned:
+                raise MergeAnalysisError(f"`{clause.describe()}` assigns column `{found.name}` more than once.")
+            assigned[found.name] = to_column(expr)
         for field in self._output.fields:
             values[field.name] = assigned.get(field.name, self._unassigned(field, keep))
         return values

@@ -191,8 +191,9 @@ class StatsPredicate:
             parts = [p for p in (self.may_match(c) for c in _children(node)) if p is not None]
             return parts[0] & parts[1] if len(parts) == 2 else (parts[0] if parts else None)
         if kind == "Or":
-            parts = [self.may_match(c) for c in _children(node)]
-            return None if any(p is None for p in parts) else parts[0] | parts[1]
+            either = [self.may_match(c) for c in _children(node)]
+            known = [p for p in either if p is not None]
+            return None if len(known) != len(either) else known[0] | known[1]
         if kind in self._FLIP:
             left, right = _children(node)
             column, literal, op = self._scope.target_column(left), right, kind

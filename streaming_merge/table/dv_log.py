@@ -331,7 +331,7 @@ def _parquet_adds(parquet: pq.ParquetFile) -> Iterator[_Action]:
     adds = parquet.read(columns=[f"add.{name}" for name in wanted]).column("add").combine_chunks()
     for add in pc.filter(adds, pc.is_valid(adds)).to_pylist():
         action = {k: dict(v) if k in _MAP_FIELDS and v is not None else v for k, v in add.items()}
-        yield "add", unquote(action["path"]), action
+        yield "add", unquote(str(action["path"])), action
 
 
 _MAP_FIELDS = frozenset({"partitionValues", "tags"})

@@ -30,7 +30,7 @@ def set_properties(path: TableRef, properties: Mapping[str, str | None]) -> int:
         if value is not None and not isinstance(value, str):
             raise DeltaTableError(f"Table property {key} must be a string, got {value!r}")
     snapshot = load_snapshot(path)
-    configuration = {k: v for k, v in snapshot.configuration.items() if v is not None}
+    configuration: dict[str, str | None] = {k: v for k, v in snapshot.configuration.items() if v is not None}
     for key, value in properties.items():
         if value is None:
             configuration.pop(key, None)

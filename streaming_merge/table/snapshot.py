@@ -200,7 +200,7 @@ def _snapshot_of(location: TableLocation, table: _RsTable) -> Snapshot:
     state: dict[str, Any] = {}
     if Protocol.of(protocol).has_deletion_vectors:
         # delta-rs returns no deletion-vector descriptors: they come from the log itself.
-        adds = live_adds(location.log_uri, location.options, table.version(), metadata.id)
+        adds = live_adds(location.log_uri, location.options, table.version(), str(metadata.id))
         state["log_adds"] = adds
         files = [_with_deletion_vector(f, adds.get(f.path), location) for f in files]
     return Snapshot(

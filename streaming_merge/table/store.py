@@ -95,7 +95,9 @@ def _build_store(url: str, options: dict[str, str]) -> Any:
     # refuses those, one at a time, and they mean nothing for reading and writing objects.
     while True:
         try:
-            return from_url(url, config=config or None, client_options=client or None)  # type: ignore[call-overload]
+            # obstore's typed configs are TypedDicts of its known keys; ours are checked by it at run time.
+            return from_url(url, config=config or None, client_options=client or None)  # type: ignore
+
         except UnknownConfigurationKeyError as exc:
             match = _UNKNOWN_KEY.search(str(exc))
             unknown = [k for k in config if match and k.lower() == match.group(1)]

@@ -265,9 +265,10 @@ def _removes_within(snapshot: Snapshot, cutoff_ms: int) -> Iterator[dict[str, An
                    if modified_ms >= cutoff_ms - _CLOCK_SKEW_MS]
         removes = [r for path in commits for r in _commit_removes(get_bytes(store, path), path)]
         checkpoint = newest_checkpoint(listing, snapshot.version)
-        for path, _ in checkpoint[1] if checkpoint is not None else ():
+        kind, parts = checkpoint if checkpoint is not None else ("", [])
+        for path, _ in parts:
             data = get_bytes(store, path)
-            removes += (_commit_removes(data, path) if checkpoint[0] == "json" else _checkpoint_removes(data))
+            removes += (_commit_removes(data, path) if kind == "json" else _checkpoint_removes(data))
     except DeltaTableError:
         raise
     except Exception as exc:

@@ -241,7 +241,8 @@ def _await_failed_tasks(spark: SparkSession, group: str) -> None:
               if (info := tracker.getJobInfo(job)) is not None and info.status == "FAILED"
               for stage in info.stageIds]
     while time.monotonic() < deadline:
-        running = sum(info.numActiveTasks for stage in stages if (info := tracker.getStageInfo(stage)) is not None)
+        running = sum(stage_info.numActiveTasks for stage in stages
+                      if (stage_info := tracker.getStageInfo(stage)) is not None)
         if running == 0:
             return
         time.sleep(0.05)
