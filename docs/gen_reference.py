@@ -521,6 +521,8 @@ def cli(module_name: str) -> str:
         fallback, when = texts.get(flag, (None, "—"))
         help_text = action.help % {**vars(action), "prog": parser.prog} if action.help else None
         meaning = _plain(help_text) if help_text else (fallback or "—")
+        if (action.choices or action in exclusive) and not meaning.rstrip().endswith("."):
+            meaning = meaning.rstrip() + "."
         if action.choices:
             meaning += " Choices: " + ", ".join(f"`{c}`" for c in action.choices) + "."
         if action in exclusive:
