@@ -24,6 +24,8 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming import StreamingQuery
 
 from streaming_merge.kafka import _clients
+from streaming_merge.kafka._clients.columns import _Columns
+from streaming_merge.kafka._clients.confluent import _confluent_config
 from streaming_merge.kafka.broker import KafkaBrokerClient, Record
 from streaming_merge.kafka.source import (
     STATS_DIR_ENV,
@@ -256,10 +258,10 @@ def test_executor_consumers_wait_briefly_for_data_unless_told_otherwise() -> Non
     """A cached librdkafka consumer at the end of its partition has a fetch waiting at the
     broker; a read that seeks waits for it, so executors cap that wait (the driver never fetches)."""
     default = KafkaOptions.parse(options("h:1", "t", "confluent")).client
-    assert _clients._confluent_config(default, "executor")["fetch.wait.max.ms"] == _clients.EXECUTOR_FETCH_WAIT_MS == 50
-    assert "fetch.wait.max.ms" not in _clients._confluent_config(default, "driver")
+    assert _confluent_config(default, "executor")["fetch.wait.max.ms"] == _clients.EXECUTOR_FETCH_WAIT_MS == 50
+    assert "fetch.wait.max.ms" not in _confluent_config(default, "driver")
     chosen = KafkaOptions.parse({**options("h:1", "t", "confluent"), "kafka.fetch.max.wait.ms": "400"}).client
-    assert _clients._confluent_config(chosen, "executor")["fetch.wait.max.ms"] == "400"
+    assert _confluent_config(chosen, "executor")["fetch.wait.max.ms"] == "400"
 
 
 @pytest.mark.parametrize(("extra", "message"), [
@@ -353,7 +355,7 @@ def test_a_failed_read_closes_and_drops_its_consumer(kafka_broker: KafkaBrokerCl
 def test_no_timestamp_is_null_with_type_minus_one() -> None:
     """confluent-kafka reports (0, -1) for a record without a timestamp (message format v0);
     Spark's source gives type -1. Log-append time (2) is Spark's 1."""
-    columns = _clients._Columns(type_shift=1)
+    columns = _Columns(type_shift=1)
     columns.keys, columns.values, columns.offsets = [b"a", b"b", b"c"], [b"1", None, b"3"], [5, 6, 7]
     columns.types, columns.stamps = [1, 0, 2], [BASE_TS, -1, BASE_TS + 2]
     columns.headers = [(2, [("h", None)])]
