@@ -13,7 +13,7 @@ from streaming_merge.merge.builder import DeltaMergeBuilder
 from streaming_merge.optimize.builder import DeltaOptimizeBuilder
 from streaming_merge.table.commit import history
 from streaming_merge.table.create import create_table
-from streaming_merge.table.location import TableLocation, TableRef, resolve
+from streaming_merge.table.location import TableHandle, TableLocation, TableRef, resolve
 from streaming_merge.table.properties import set_properties
 from streaming_merge.table.scan import scan_files
 from streaming_merge.table.snapshot import load_snapshot, open_table, require_table, table_exists
@@ -61,6 +61,9 @@ class DeltaTable:
     def isDeltaTable(cls, spark: SparkSession, path: TableRef,
                      storage_options: Mapping[str, str] | None = None) -> bool:
         return table_exists(resolve(path, spark, storage_options))
+
+    def _handle(self) -> TableHandle:
+        return TableHandle(self._spark, self.location, self.alias_name)
 
     def alias(self, alias: str) -> DeltaTable:
         return DeltaTable(self._spark, self.location, alias)
@@ -129,7 +132,7 @@ class DeltaTable:
 
     def merge(self, source: DataFrame, condition: str | Column) -> DeltaMergeBuilder:
         """Start a MERGE of ``source`` into this table on ``condition``."""
-        return DeltaMergeBuilder(self, source, condition)  # type: ignore[arg-type]
+        return DeltaMergeBuilder(self._handle(), source, condition)  # type: ignore[arg-type]
 
     def delete(self, condition: str | Column | None = None) -> DmlMetrics:
         """Delete the rows where ``condition`` holds (every row without one), as delta-spark's
@@ -150,7 +153,7 @@ class DeltaTable:
         """Start an OPTIMIZE: ``.where(partition predicate)`` then ``.executeCompaction()``
         bin-packs the small files into files of about the target size (README, "Compaction and
         vacuum")."""
-        return DeltaOptimizeBuilder(self)
+        return DeltaOptimizeBuilder(self._handle())
 
     def vacuum(self, retentionHours: float | None = None, *, dry_run: bool = False,
                enforce_retention_duration: bool = True) -> list[str]:

@@ -8,16 +8,13 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping
-from typing import TYPE_CHECKING
 
 from pyspark.sql import Column, DataFrame
 
 from streaming_merge.merge.clauses import ClauseAction, ClauseKind, ExprLike, MergeClause, to_column
 from streaming_merge.merge.command import MergeOptions, MergeRequest, run_merge
 from streaming_merge.merge.metrics import MergeMetrics
-
-if TYPE_CHECKING:
-    from streaming_merge.delta_table import DeltaTable
+from streaming_merge.table.location import TableHandle
 
 DEFAULT_SOURCE_ALIAS = "source"
 
@@ -34,7 +31,7 @@ def source_alias_of(source: DataFrame) -> str | None:
 class DeltaMergeBuilder:
     """Builder of one MERGE; ``execute()`` runs it."""
 
-    table: DeltaTable
+    table: TableHandle
     source: DataFrame
     condition: Column
     clauses: tuple[MergeClause, ...] = ()

@@ -10,23 +10,20 @@ every file with a deletion vector. Immutable, like the MERGE builder.
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING
 
 from streaming_merge.optimize.compact import compact, purge
 from streaming_merge.optimize.metrics import OptimizeMetrics
 from streaming_merge.optimize.options import OptimizeOptions
 from streaming_merge.optimize.predicate import Predicate, as_column, files_matching, predicate_text
+from streaming_merge.table.location import TableHandle
 from streaming_merge.table.snapshot import check_writable, load_snapshot
-
-if TYPE_CHECKING:
-    from streaming_merge.delta_table import DeltaTable
 
 
 @dataclasses.dataclass(frozen=True)
 class DeltaOptimizeBuilder:
     """One OPTIMIZE of ``table``; ``executeCompaction()`` runs it."""
 
-    table: DeltaTable
+    table: TableHandle
     predicates: tuple[Predicate, ...] = ()
     options: OptimizeOptions = dataclasses.field(default_factory=OptimizeOptions)
 
@@ -49,7 +46,7 @@ class DeltaOptimizeBuilder:
         deletes more than ``max_deleted_rows_ratio`` of their rows, into files of about the
         target size (without deletion vectors), in one Spark job and one dataChange=false commit; nothing is committed
         when there is nothing to compact."""
-        spark = self.table._spark
+        spark = self.table.spark
         snapshot = load_snapshot(self.table.location)
         check_writable(snapshot)
         considered = files_matching(spark, snapshot, self.predicates)
@@ -61,7 +58,7 @@ class DeltaOptimizeBuilder:
         partitions that has a deletion vector, whatever its size, into files without one (the
         deleted rows are dropped), in bins of up to the target size, in one ``dataChange=false``
         commit whose operation is REORG; nothing is committed when no file has a deletion vector."""
-        spark = self.table._spark
+        spark = self.table.spark
         snapshot = load_snapshot(self.table.location)
         check_writable(snapshot)
         considered = files_matching(spark, snapshot, self.predicates)

@@ -113,3 +113,14 @@ def _qualify_locally(location: str) -> tuple[str, str]:
         location = re.sub(r"^file:(//)?", "", location, flags=re.IGNORECASE)
     path = os.path.normpath(os.path.abspath(location))
     return f"file:{path}", "file://" + quote(path)
+
+
+@dataclass(frozen=True)
+class TableHandle:
+    """What a builder (``merge()``, ``optimize()``) needs of a DeltaTable: its session, where
+    the table is and its alias; a plain value, so the builders do not import DeltaTable, which
+    imports them."""
+
+    spark: SparkSession
+    location: TableLocation
+    alias_name: str
