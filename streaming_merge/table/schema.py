@@ -77,12 +77,15 @@ INTERNAL_PREFIX = "__sm_"  # our helper columns (delete flags, row ids) never be
 
 def evolve(target: StructType, source: StructType) -> StructType:
     """Target schema with the source's new top-level columns appended (Delta's MERGE schema
-    evolution for ``*`` clauses); column names compare case-insensitively as in Spark."""
+    evolution for ``*`` clauses); column names compare case-insensitively as in Spark. Columns
+    named with ``INTERNAL_PREFIX`` are helper columns of our own callers (MergeSink's delete
+    flag ``__sm_is_delete__``, which its clauses read) and are never added; a table that
+    already has such a column keeps it."""
     known = {f.name.lower() for f in target.fields}
     added = [
         StructField(f.name, _nullable(f.dataType), True, {})
         for f in source.fields
-        if f.name.lower() not in known
+        if f.name.lower() not in known and not f.name.startswith(INTERNAL_PREFIX)
     ]
     return StructType(list(target.fields) + added)
 

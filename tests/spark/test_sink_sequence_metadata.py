@@ -128,14 +128,10 @@ def test_schema_evolution_and_column_lists_with_the_metadata_column(spark: Spark
     for sink in (evolving, listed):
         sink(frame(spark, [e(1, 1, "c", "a")]), 0)
         sink(spark.createDataFrame([(1, 2, "u", "b", 2, "x"), (1, 0, "u", "stale", 0, "y")], wider), 1)
-    # New batch columns are appended after the metadata column; a column list keeps them out. (The
-    # MERGE's schema evolution also appends the sink's own delete flag, `__sm_is_delete__`, to the
-    # table, whatever the layout: table/schema.py's evolve() does not skip INTERNAL_PREFIX columns.
-    # Left out of the comparison here.)
+    # New batch columns are appended after the metadata column; a column list keeps them out; the
+    # sink's own delete flag never reaches the table (tests/spark/test_sink_internal_columns.py).
     def visible(path: str) -> tuple[list[str], dict[Any, dict[str, Any]]]:
-        return ([c for c in columns(path) if not c.startswith("__sm_")],
-                {k: {c: v for c, v in row.items() if not c.startswith("__sm_")}
-                 for k, row in rows_with_sequence(path).items()})
+        return columns(path), rows_with_sequence(path)
 
     assert visible(str(tmp_path / "evolving")) == (["id", "op", "name", "amount", CDC_METADATA, "note"], {
         1: {"id": 1, "lsn": 2, "op": "u", "name": "b", "amount": 2, "note": "x"}})
