@@ -164,6 +164,11 @@ class MergeOptions:
     # MERGE and deletes its files. The streaming sink waits here for its tombstone append,
     # which runs beside the MERGE's Spark work but must commit before the MERGE does.
     before_commit: Callable[[], None] | None = field(default=None, compare=False)
+    # Called on every commit attempt with the latest snapshot the commit checked, right before
+    # the commit is written (CommitRequest.concurrent_check); raising
+    # ConcurrentModificationError aborts the MERGE and deletes its files. The streaming sink
+    # checks here that no other flow recorded a tombstone of its keys meanwhile.
+    commit_check: Callable[[Snapshot], None] | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
         if self.max_attempts < 1:
@@ -579,6 +584,7 @@ def _commit_merge(spark: SparkSession, request: MergeRequest, snapshot: Snapshot
                 read_files=candidates,
                 concurrent_append_filter=_append_filter(spark, skipping),
                 data_change=not unchanged,
+                concurrent_check=options.commit_check,
             ), vectors)
     except BaseException:
         delete_written(spark, snapshot.location, written)  # also when before_commit or add_columns failed

@@ -45,6 +45,8 @@ class MergeProgress:
     compaction: Mapping[str, Any] | None = None
     # Truncate events applied by this batch (MergeSink(apply_as_truncates=...)).
     numTruncates: int = 0
+    # Reruns of the batch after a commit that conflicted with another writer's (of ``attempts``).
+    conflictRetries: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
@@ -69,7 +71,8 @@ class MergeProgress:
             f"upd={m.get('numTargetRowsUpdated', 0)} del={m.get('numTargetRowsDeleted', 0)} "
             f"late={self.numLateRowsDropped} nullkeys={self.numNullKeyRows} "
             f"files -{m.get('numTargetFilesRemoved', 0)}/+{m.get('numTargetFilesAdded', 0)} "
-            f"attempts={self.attempts} {self.durationMs.get('total', 0)}ms{self._compaction_summary()}"
+            f"attempts={self.attempts}{f' conflicts={self.conflictRetries}' if self.conflictRetries else ''} "
+            f"{self.durationMs.get('total', 0)}ms{self._compaction_summary()}"
         )
 
     def _compaction_summary(self) -> str:

@@ -14,6 +14,7 @@ import dataclasses
 import datetime as dt
 import functools
 import logging
+import random
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -28,6 +29,7 @@ from streaming_merge._slots import task_slots
 from streaming_merge.delta_table import DeltaTable
 from streaming_merge.errors import (
     ConcurrentModificationError,
+    DeltaTableError,
     MaterializedSourceLostError,
     MergeError,
     StreamingMergeError,
@@ -99,6 +101,20 @@ SMALL_CANDIDATES_BYTES = 1024 * 1024
 # A batch of at most this many events is folded (newest event per key) in one task, with no
 # shuffle; a larger one in a partition per task slot (see MergeSink._fold_partitions).
 FOLD_IN_ONE_TASK_MAX_ROWS = 20_000
+# Reruns of a batch whose commit conflicted with another writer's (several flows into one table):
+# at most this many, the n-th after a pause of min(cap, first * 2**(n-1)) seconds times a random
+# factor in [0.5, 1) (exponential backoff with jitter, so two flows that conflicted do not meet
+# again in step). With the defaults: 8 reruns, pauses of 0.05-0.1, 0.1-0.2, ... 2.5-5 s, at most
+# 16.3 s of pauses in all before the batch fails with the last ConcurrentModificationError.
+DEFAULT_MAX_CONFLICT_RETRIES = 8
+DEFAULT_CONFLICT_BACKOFF = (0.1, 5.0)  # seconds: the first pause's bound, the bound of every pause
+
+
+def conflict_backoff(retry: int, first: float, cap: float, rng: random.Random | None = None) -> float:
+    """The pause before conflict rerun ``retry`` (1, 2, ...): min(cap, first * 2**(retry-1))
+    scaled by a random factor in [0.5, 1)."""
+    bound = min(cap, first * 2 ** (retry - 1))
+    return bound * (0.5 + 0.5 * (rng or random).random())
 
 ClauseBuilder = Callable[[DeltaMergeBuilder], DeltaMergeBuilder]
 PhaseHook = Callable[[str, DataFrame], None]
@@ -134,7 +150,21 @@ class MergeSink:
     AUTO CDC): ``apply_as_deletes``, ``apply_as_truncates``, ``stored_as_scd_type``,
     ``column_list`` / ``except_column_list``, ``track_history_*``, ``ignore_null_updates*``;
     keys, column lists and ``sequence_by`` take names or PySpark Columns. ``delete_when`` and
-    ``scd_type`` are deprecated aliases of ``apply_as_deletes`` and ``stored_as_scd_type``."""
+    ``scd_type`` are deprecated aliases of ``apply_as_deletes`` and ``stored_as_scd_type``.
+
+    Several sinks (flows) may upsert into one table at once, each with its own ``app_id``
+    (exactly once per flow: its txn is its own, and commits of other app ids never disturb it).
+    A batch whose commit conflicts with another writer's (``ConcurrentModificationError``: a
+    file it read was rewritten, a file its keys could match was added, the table was created
+    or its schema changed meanwhile, a lost commit race, or another flow recorded a tombstone
+    of its keys after the batch read the tombstones) is rerun from a fresh snapshot of the
+    target and the tombstones, so the sequence guard compares against the newest row whichever
+    flow wrote it. Those reruns have their own budget: at most ``max_conflict_retries`` (8),
+    the n-th after a pause of ``min(cap, first * 2**(n-1))`` seconds times a random factor in
+    [0.5, 1), ``conflict_backoff=(first, cap)`` = (0.1, 5.0) by default (at most 16.3 s of
+    pauses in all); each is logged (WARNING) and counted in the progress (``conflictRetries``;
+    ``attempts`` counts every attempt). Reruns after lost materialized blocks are bounded by
+    ``max_attempts`` as before, apart from these."""
 
     def __init__(
         self,
@@ -152,6 +182,8 @@ class MergeSink:
         schema_evolution: bool = False,
         storage_levels: Sequence[str] = DEFAULT_STORAGE_LEVELS,
         max_attempts: int = 4,
+        max_conflict_retries: int = DEFAULT_MAX_CONFLICT_RETRIES,
+        conflict_backoff: tuple[float, float] = DEFAULT_CONFLICT_BACKOFF,
         dead_letter: str | None = None,
         create_if_missing: bool = True,
         partition_by: Sequence[str] | None = None,
@@ -183,6 +215,11 @@ class MergeSink:
             raise ValueError("MergeSink needs keys=[...] or condition='t.k = s.k'")
         if max_attempts < 1:
             raise ValueError(f"max_attempts must be >= 1, got {max_attempts}")
+        if max_conflict_retries < 0:
+            raise ValueError(f"max_conflict_retries must be >= 0, got {max_conflict_retries}")
+        if len(conflict_backoff) != 2 or not 0 <= conflict_backoff[0] <= conflict_backoff[1]:
+            raise ValueError(f"conflict_backoff must be (first, cap) seconds with 0 <= first <= cap, "
+                             f"got {conflict_backoff!r}")
         if not isinstance(target, str) or not target.strip():
             raise ValueError(f"MergeSink needs a target table path or URI, got {target!r}")
         self.target = target  # as given until the first batch resolves it with the session's file system
@@ -215,7 +252,6 @@ class MergeSink:
                              ) if key_list else None
         # The batch's CDC plan, its expressions built once per batch schema (BatchPreparer).
         self._preparer = BatchPreparer(self._spec) if self._spec else None
-        self._recorded_truncates: set[Any] | None = None  # cached: this sink is the tombstone table's writer
         self._condition = condition or (self._spec.key_condition() if self._spec else "")
         # Key presence per target file is observed while materializing when the MERGE joins on
         # the keys alone (a condition of the caller's may join on anything).
@@ -234,6 +270,8 @@ class MergeSink:
         self._schema_evolution = schema_evolution
         self._storage_levels = tuple(storage_levels)
         self._max_attempts = max_attempts
+        self._max_conflict_retries = max_conflict_retries
+        self._conflict_backoff = (float(conflict_backoff[0]), float(conflict_backoff[1]))
         self._dead_letter_ref = dead_letter
         self._dead_letter: TableLocation | None = None
         self._create_if_missing = create_if_missing
@@ -298,29 +336,46 @@ class MergeSink:
         remember_pyspark_lookups(spark)
         self._bind(spark)
         app_id = self._resolve_app_id(spark)
-        for attempt in range(1, self._max_attempts + 1):
-            level = level_for_attempt(self._storage_levels, attempt)
+        lost = conflicts = 0  # attempts that lost their materialized blocks; reruns after a conflict
+        attempt = 0
+        while True:
+            attempt += 1
+            level = level_for_attempt(self._storage_levels, lost + 1)
             try:
                 with merge_conf(spark), parquet_write_conf(spark):  # held for both writes (see parquet_write_conf)
-                    self._run_batch(spark, batch_df, batch_id, app_id, attempt, level, started, rows_at_most)
+                    self._run_batch(spark, batch_df, batch_id, app_id, attempt, conflicts, level, started,
+                                    rows_at_most)
                 return
             except Exception as exc:
-                lost = is_lost_block_error(exc)
-                if not (lost or isinstance(exc, ConcurrentModificationError)):
-                    raise
-                if attempt == self._max_attempts:
-                    if lost:
+                if is_lost_block_error(exc):
+                    lost += 1
+                    if lost >= self._max_attempts:
                         raise MaterializedSourceLostError(
                             f"Batch {batch_id} into `{self.target}`: the materialized micro-batch lost its blocks "
-                            f"on all {attempt} attempts.", attempts=attempt) from exc
+                            f"on {lost} attempts (of {attempt}).", attempts=attempt) from exc
+                    log.warning("Batch %d into %s lost its materialized blocks on attempt %d; rerunning the batch "
+                                "(%d of at most %d such attempts)", batch_id, self.target, attempt, lost + 1,
+                                self._max_attempts)
+                    continue
+                if not isinstance(exc, ConcurrentModificationError):
                     raise
-                log.warning("Batch %d into %s failed on attempt %d (%s); rerunning the batch", batch_id,
-                            self.target, attempt, type(exc).__name__)
+                if conflicts >= self._max_conflict_retries:
+                    raise ConcurrentModificationError(
+                        f"Batch {batch_id} of {app_id!r} into `{self.target}` still conflicted with concurrent commits "
+                        f"after {conflicts} rerun(s) from a fresh snapshot (max_conflict_retries="
+                        f"{self._max_conflict_retries}); nothing of it was committed. Last conflict: {exc}") from exc
+                conflicts += 1
+                pause = conflict_backoff(conflicts, *self._conflict_backoff)
+                log.warning("Batch %d of %r into %s conflicted with a concurrent commit on attempt %d; conflict retry "
+                            "%d of %d from a fresh snapshot in %.0f ms: %s", batch_id, app_id, self.target, attempt,
+                            conflicts, self._max_conflict_retries, pause * 1000, exc)
+                _sleep(pause)
 
     def _run_batch(self, spark: SparkSession, batch_df: DataFrame, batch_id: int, app_id: str, attempt: int,
-                   level: str, started: float, rows_at_most: int | None) -> None:
-        """One attempt: the txn check, one materialization of the prepared batch (counts and
-        key ranges observed in that job), the tombstone filter, the MERGE."""
+                   conflicts: int, level: str, started: float, rows_at_most: int | None) -> None:
+        """One attempt (``conflicts``: how many reruns after a conflict preceded it): the txn
+        check, one materialization of the prepared batch (counts and key ranges observed in that
+        job), the tombstone filter, the MERGE."""
         location = self._bind(spark)
         assert self._followed is not None
         snapshot = self._followed.latest()
@@ -331,7 +386,7 @@ class MergeSink:
                     batchId=batch_id, appId=app_id, tableVersion=snapshot.version, skipped=True,
                     attempts=attempt - 1, numInputRows=0, numRowsAfterDedupe=0, numNullKeyRows=0,
                     numLateRowsDropped=0, durationMs={"total": _ms(started)}, metrics={}, timestamp=_now(),
-                    target=self.target))
+                    target=self.target, conflictRetries=conflicts))
                 return
         tombstone_snapshot = self._tombstones.snapshot() if self._tombstones is not None else None
         partitions = self._fold_partitions(spark, rows_at_most)
@@ -369,7 +424,7 @@ class MergeSink:
                     batchId=batch_id, appId=app_id, tableVersion=None, skipped=False, attempts=attempt,
                     numInputRows=0, numRowsAfterDedupe=0, numNullKeyRows=0, numLateRowsDropped=0,
                     durationMs={"materialize": materialize_ms, "total": _ms(started)}, metrics={},
-                    timestamp=_now(), target=self.target))
+                    timestamp=_now(), target=self.target, conflictRetries=conflicts))
                 return
             # The rest of the batch reads the batch, the target and the tombstones: generated code
             # or not, decided from their row counts (streaming_merge._interpreted).
@@ -412,19 +467,26 @@ class MergeSink:
                 if truncates:
                     source, merge_stats = forget_truncated(source, self._spec, truncates[-1]), None
                 source = self._columns.frame(source, layout)
-            self._ensure_table(spark, source)
+            self._ensure_table(spark, source, snapshot)
             tombstones_ms = _ms(tombstones_started)
+            own_versions: list[int] = []  # of the tombstone table: this batch's append (and purge)
             if self._tombstones is not None and (delete_events or truncate_values):
                 # From the materialized batch, not the late-event filter (which never drops a delete
                 # and would be computed once more for this append alone); beside the MERGE, which
                 # waits for it before committing.
                 tombstones, events = self._tombstones, batch_events
-                recording = BackgroundCall(lambda: tombstones.record(
-                    spark, events, app_id, batch_id, tombstone_snapshot, batch_truncates), "tombstone-append")
+                recording = BackgroundCall(lambda: own_versions.extend(tombstones.record(
+                    spark, events, app_id, batch_id, tombstone_snapshot, batch_truncates, truncate_values)),
+                    "tombstone-append")
+            commit_check = None
+            if self._tombstones is not None:
+                commit_check = functools.partial(
+                    self._no_tombstones_missed, spark, snapshot.version if snapshot is not None else None,
+                    tombstone_snapshot, own_versions, batch_events, stats.ranges)
             execute_started = time.monotonic()
             try:
                 metrics = self._merge(spark, source, app_id, batch_id, merge_stats, snapshot, batch_truncates,
-                                      recording.result if recording is not None else None, layout)
+                                      recording.result if recording is not None else None, layout, commit_check)
             except BaseException:
                 if recording is not None:
                     recording.wait_quietly()
@@ -432,8 +494,6 @@ class MergeSink:
             if recording is not None:
                 recording.result()  # a MERGE skipped by its txn never reached the wait before its commit
             execute_ms = _ms(execute_started)
-            if self._recorded_truncates is not None:
-                self._recorded_truncates.update(truncate_values)
         finally:
             execution.close()
             release(batch)
@@ -457,7 +517,7 @@ class MergeSink:
                         "merge": merge_ms, "commit": max(0, execute_ms - merge_ms), "total": _ms(started)},
             metrics={name: int(metrics[name] or 0) for name in DELTA_METRICS},
             timestamp=_now(), target=self.target, deadLetterRows=dead_letter_rows, compaction=compaction,
-            numTruncates=len(truncate_values)))
+            numTruncates=len(truncate_values), conflictRetries=conflicts))
 
     def _fold_partitions(self, spark: SparkSession, rows_at_most: int | None) -> int:
         """How many partitions the batch is folded into (newest event per key): one for a small
@@ -520,7 +580,8 @@ class MergeSink:
 
     def _merge(self, spark: SparkSession, source: DataFrame, app_id: str, batch_id: int,
                stats: SourceStats | None, snapshot: Snapshot | None, truncates: Sequence[Column],
-               before_commit: Callable[[], None] | None, layout: SequenceLayout) -> MergeMetrics:
+               before_commit: Callable[[], None] | None, layout: SequenceLayout,
+               commit_check: Callable[[Snapshot], None] | None = None) -> MergeMetrics:
         table = DeltaTable(spark, self._bind(spark), "t")
         if self._scd_type == 2:
             builder = self._history_upsert(table.merge(source.alias("s"), self._history_condition()), source.columns,
@@ -541,7 +602,7 @@ class MergeSink:
             REWRITE_ALL_CANDIDATES_BYTES if self._all_touched_streak % PROBE_TOUCHED_EVERY else SMALL_CANDIDATES_BYTES)
         options.update({"materialize_source": "none" if stats is not None else "all",
                         "source_stats": stats, "snapshot": snapshot, "storage_levels": self._storage_levels,
-                        "before_commit": before_commit})
+                        "before_commit": before_commit, "commit_check": commit_check})
         if self._phase_hook:
             options["phase_hook"] = self._phase_hook
         builder = builder.withOptions(**options)
@@ -632,10 +693,8 @@ class MergeSink:
         if self._spec is None or self._spec.truncate_when is None:
             return []
         values = set(batch_values)
-        if self._tombstones is not None:
-            if self._recorded_truncates is None:
-                self._recorded_truncates = set(self._tombstones.recorded_truncates(spark, tombstone_snapshot))
-            values |= self._recorded_truncates
+        if self._tombstones is not None:  # every writer's, read once per tombstone file (Tombstones caches them)
+            values |= set(self._tombstones.recorded_truncates(spark, tombstone_snapshot))
         return [self._spec.sequence_literal(v, schema) for v in sorted(values)]
 
     def _route_null_keys(self, spark: SparkSession, batch: DataFrame, batch_id: int, app_id: str,
@@ -656,16 +715,49 @@ class MergeSink:
         append_rows(spark, records, self._dead_letter, app_id, batch_id)
         return count
 
-    def _ensure_table(self, spark: SparkSession, source: DataFrame) -> None:
+    def _ensure_table(self, spark: SparkSession, source: DataFrame, snapshot: Snapshot | None) -> None:
+        """Create the target from the batch when it is missing. When another writer (another
+        flow's first batch) created it after this attempt read that it was missing, the
+        attempt's layout and plan were made for no table: ConcurrentModificationError, and the
+        batch reruns against the table that is there."""
         location = self._bind(spark)
         if table_exists(location):
+            if snapshot is None:
+                raise ConcurrentModificationError(
+                    f"`{self.target}` was created by another writer while this batch ran; rerunning it against that "
+                    "table.")
             return
         if not self._create_if_missing:
             DeltaTable.forPath(spark, location)  # raises NotADeltaTableError naming the path
         columns = [c for c in source.columns if not c.startswith("__sm_")]
-        DeltaTable.createFromDataFrame(source.select(*[f"`{c}`" for c in columns]).limit(0), location,
-                                       partitionBy=self._partition_by or None,
-                                       properties=self._table_properties or None)
+        try:
+            DeltaTable.createFromDataFrame(source.select(*[f"`{c}`" for c in columns]).limit(0), location,
+                                           partitionBy=self._partition_by or None,
+                                           properties=self._table_properties or None)
+        except DeltaTableError as exc:
+            if not table_exists(location):
+                raise
+            raise ConcurrentModificationError(
+                f"`{self.target}` was created by another writer at the same time as by this batch; rerunning it "
+                "against that table.") from exc
+
+    def _no_tombstones_missed(self, spark: SparkSession, read_version: int | None, tombstones_read: Snapshot | None,
+                              own_versions: Sequence[int], events: DataFrame, key_ranges: Mapping[str, Any],
+                              latest: Snapshot) -> None:
+        """The MERGE's last check before its commit (every commit attempt; ``latest``: the target
+        as the commit checked it). Another flow records its deletes in the shared tombstone table
+        before its MERGE commits; a delete of a key the table did not hold commits no target file,
+        so nothing in the target's log tells this batch that its older event for that key must
+        not be inserted. When the target gained commits since this batch read it, such a delete
+        may be among them, and its tombstone is then already in the tombstone table: the batch
+        fails with ConcurrentModificationError when another writer recorded a tombstone of one of
+        its keys (or a truncate) after the batch read the tombstones, and reruns from a fresh
+        snapshot. Without target commits since the read, every such delete committed before the
+        batch read the tombstones (tombstones first, then the MERGE), and nothing is read here."""
+        if read_version is not None and latest.version == read_version:
+            return
+        assert self._tombstones is not None
+        self._tombstones.check_none_recorded_since(spark, tombstones_read, own_versions, events, key_ranges)
 
     def _report(self, progress: MergeProgress) -> None:
         self._progress.add(progress)
@@ -674,6 +766,9 @@ class MergeSink:
 
 def _file_rows(snapshot: Snapshot | None) -> list[int | None]:
     return [f.num_records for f in snapshot.files] if snapshot is not None else []
+
+
+_sleep = time.sleep  # the conflict backoff's pause (a test replaces it)
 
 
 def _ms(since: float) -> int:

@@ -6,15 +6,24 @@ beside the target. Each batch drops its inserts/updates that are older than a
 tombstone of their key, then appends its own deletes with the same app transaction
 as the target's commit (written first, so a crash between the two replays cleanly).
 Tombstones past the retention are purged from time to time.
+
+Several sinks (flows) into one target share its tombstone table: each appends its own
+deletes (blind appends, which never conflict), purges and compacts it (a purge or compaction
+whose files another writer rewrote meanwhile conflicts and commits nothing, so no tombstone
+is lost), reads everyone's tombstones, and checks right before its MERGE commits that no
+other writer recorded a tombstone of its keys after it read them
+(:meth:`Tombstones.check_none_recorded_since`).
 """
 
 from __future__ import annotations
 
 import datetime as dt
+import json
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import unquote
 
 import pyarrow as pa
 from pyspark.sql import Column, DataFrame, SparkSession
@@ -23,6 +32,7 @@ from pyspark.sql.types import IntegralType
 
 from streaming_merge._per_context import PerContext
 from streaming_merge.delta_table import DeltaTable
+from streaming_merge.errors import ConcurrentModificationError
 from streaming_merge.merge.skipping import ColumnScope, SkippingPlan, decoded_paths
 from streaming_merge.streaming.cdc import DELETE_FLAG, CdcSpec, clustered_by_keys, values_newer_than
 from streaming_merge.streaming.compaction import AutoCompact, run_auto_compaction
@@ -31,6 +41,7 @@ from streaming_merge.table.follow import FollowedTable
 from streaming_merge.table.location import TableLocation
 from streaming_merge.table.scan import scan_files
 from streaming_merge.table.snapshot import DataFile, Snapshot, table_exists
+from streaming_merge.table.store import NOT_FOUND, get_bytes, table_store
 
 log = logging.getLogger(__name__)
 
@@ -73,6 +84,11 @@ class Tombstones:
         self._purge_every = purge_every
         self._columns = [*spec.keys, *spec.sequence_by]
         self._late_filters: PerContext[_LateFilter] = PerContext()
+        # The truncates recorded so far and the files they were read from (or that this sink
+        # wrote): a file never changes and a truncate is never purged, so each file with NULL
+        # keys is read once, whoever wrote it (several sinks may share the table).
+        self._truncates: set[Any] = set()
+        self._truncate_files: set[str] = set()
 
     def _newer_than_tombstone(self) -> str:
         """SQL over aliases e (event) and d (tombstone): the event is at least as new."""
@@ -163,13 +179,18 @@ class Tombstones:
         return self._scan(spark, snapshot, files) if files and snapshot is not None else None
 
     def _overlapping_files(self, spark: SparkSession, snapshot: Snapshot | None,
-                           key_ranges: Mapping[str, tuple[Any, Any]]) -> list[DataFile]:
-        if snapshot is None or not any(f.live_records for f in snapshot.files):
+                           key_ranges: Mapping[str, tuple[Any, Any]],
+                           among: Sequence[DataFile] | None = None) -> list[DataFile]:
+        """The files (of ``among``, default all) that hold rows and whose key stats overlap the
+        batch's key ranges."""
+        if snapshot is None:
+            return []
+        files = [f for f in (snapshot.files if among is None else among) if f.live_records]
+        if not files:
             return []
         scope = ColumnScope("d", "e", self._columns, self._columns)
         ranges = [(k, *key_ranges[k], key_ranges[k][0] is not None) for k in self._spec.keys if k in key_ranges]
-        return SkippingPlan((), ranges, scope, snapshot.schema, skip_nothing=False).select(
-            spark, snapshot, [f for f in snapshot.files if f.live_records])
+        return SkippingPlan((), ranges, scope, snapshot.schema, skip_nothing=False).select(spark, snapshot, files)
 
     def _scan(self, spark: SparkSession, snapshot: Snapshot, files: Sequence[DataFile]) -> DataFrame:
         return (scan_files(spark, snapshot, files).select(*[F.col(f"`{c}`") for c in self._columns])
@@ -193,29 +214,31 @@ class Tombstones:
         return len(maxima) == len(paths) and all(m is not None and m < oldest_sequence for m in maxima)
 
     def recorded_truncates(self, spark: SparkSession, snapshot: Snapshot | None) -> list[Any]:
-        """The sequence values of the truncates recorded so far (rows whose keys are NULL).
-        Read only from the files whose stats say they may hold a NULL key, so a table that
-        never saw a truncate costs no Spark job."""
+        """The sequence values of the truncates recorded so far (rows whose keys are NULL), by
+        every writer of the table. Read only from the files whose stats say they may hold a NULL
+        key and that were neither read before nor written by this sink, so a table that never saw
+        a truncate costs no Spark job, and one that did costs one job when another writer, an
+        earlier run or a compaction (which moves the truncate rows into a new file) added such a
+        file."""
         if snapshot is None:
             return []
-        column = f"null_count.{self._spec.keys[0]}"
-        if column in snapshot.stats.column_names:
-            nulls = snapshot.stats.column(column).to_pylist()
-            paths = {p for p, n in zip(decoded_paths(snapshot.stats), nulls, strict=True) if n is None or n > 0}
-            files = [f for f in snapshot.files if f.path in paths]
-        else:
-            files = list(snapshot.files)
-        if not files:
-            return []
-        sequence = self._spec.sequence()
-        rows = (scan_files(spark, snapshot, files).filter(F.col(f"`{self._spec.keys[0]}`").isNull())
-                .select(sequence.alias("at")).distinct().collect())
-        return sorted(row["at"] for row in rows)
+        paths = self._files_with_null_keys(snapshot, snapshot.files)
+        unread = [f for f in snapshot.files if f.path in paths and f.path not in self._truncate_files]
+        if unread:
+            sequence = self._spec.sequence()
+            rows = (scan_files(spark, snapshot, unread).filter(F.col(f"`{self._spec.keys[0]}`").isNull())
+                    .select(sequence.alias("at")).distinct().collect())
+            self._truncates.update(row["at"] for row in rows)
+            self._truncate_files.update(f.path for f in unread)
+        return sorted(self._truncates)
 
     def record(self, spark: SparkSession, events: DataFrame, app_id: str, batch_id: int,
-               snapshot: Snapshot | None = None, truncates: Sequence[Column] = ()) -> None:
+               snapshot: Snapshot | None = None, truncates: Sequence[Column] = (),
+               truncate_values: Sequence[Any] = ()) -> list[int]:
         """Append this batch's deletes, and its truncates as rows with NULL keys (idempotent
-        through txn(app_id, batch_id)).
+        through txn(app_id, batch_id)); returns the versions of the tombstone table this call
+        committed (the append unless an earlier run made it, and a purge when one was due).
+        ``truncate_values``: the truncates' values, remembered with the file that holds them.
 
         An append rather than an upsert: one file write and a commit, no join. Several
         tombstones of one key are harmless, since a late event is dropped when *any*
@@ -233,9 +256,98 @@ class Tombstones:
                 fields += [value.getField(c).alias(c) for c in self._spec.sequence_by]
             deletes = deletes.unionByName(
                 spark.range(1).select(*fields, recorded_now().alias(DELETED_AT)))
-        append_rows(spark, deletes, self.path, app_id, batch_id, snapshot)
+        committed: list[int] = []
+        appended = append_rows(spark, deletes, self.path, app_id, batch_id, snapshot)
+        if appended is not None:
+            committed.append(appended)
+            if truncate_values:
+                added = self._added_paths(appended)
+                if added is not None:
+                    self._truncate_files.update(added)
+                    self._truncates.update(truncate_values)
         if self._purge_every and batch_id > 0 and batch_id % self._purge_every == 0:
-            self.purge(spark)
+            purged = self._purge(spark)[1]
+            if purged is not None:
+                committed.append(purged)
+        return committed
+
+    def check_none_recorded_since(self, spark: SparkSession, read: Snapshot | None, own_versions: Collection[int],
+                                  events: DataFrame, key_ranges: Mapping[str, tuple[Any, Any]]) -> None:
+        """Raise ConcurrentModificationError when a writer other than the caller recorded, after
+        the caller read the tombstones (``read``, None when there was no table yet), a tombstone
+        of one of the keys of ``events`` or a truncate: the caller's batch was planned without
+        it and must run again. ``own_versions``: the commits of the tombstone table that are the
+        caller's own (its append, its purge).
+
+        Only the commits since ``read`` are read (each one's JSON, for the files it added with
+        ``dataChange``, so another writer's compaction is no news); of their files still live,
+        those whose stats may hold one of the batch's keys (by its key ranges) or a NULL key are
+        scanned, in one Spark job, for such a tombstone. A purge by another writer rewrites
+        tombstones that were there before; when they hold the batch's keys the batch reruns once
+        more than it needed to."""
+        latest = self._followed.latest()
+        if latest is None:
+            return
+        start = read.version + 1 if read is not None else 0
+        versions = [v for v in range(start, latest.version + 1) if v not in own_versions]
+        if not versions:
+            return
+        added: set[str] = set()
+        for version in versions:
+            paths = self._added_paths(version)
+            if paths is None:  # the commit is gone from the log: every file it could have added counts
+                known = {f.path for f in read.files} if read is not None else set()
+                added = {f.path for f in latest.files if f.path not in known}
+                break
+            added |= paths
+        files = [f for f in latest.files if f.path in added and f.live_records != 0]
+        if not files:
+            return
+        candidates = {f.path for f in self._overlapping_files(spark, latest, key_ranges, files)}
+        candidates |= self._files_with_null_keys(latest, files)
+        relevant = [f for f in files if f.path in candidates]
+        if not relevant:
+            return
+        keys = list(self._spec.keys)
+        first = F.col(f"`{keys[0]}`")
+        recorded = scan_files(spark, latest, relevant).select(*[F.col(f"`{k}`") for k in keys])
+        batch_keys = events.select(*[F.col(f"`{k}`") for k in keys])
+        hits = recorded.filter(first.isNull()).unionByName(recorded.join(batch_keys, keys, "left_semi")).take(1)
+        if hits:
+            row = hits[0].asDict()
+            what = "a truncate" if row[keys[0]] is None else f"a tombstone of key {row}"
+            raise ConcurrentModificationError(
+                f"Another writer recorded {what} in `{self.path}` (versions {versions[0]}..{latest.version}) after "
+                f"this batch read the tombstones at version {read.version if read is not None else None}; rerun the "
+                "batch from a fresh snapshot.")
+
+    def _added_paths(self, version: int) -> set[str] | None:
+        """The files commit ``version`` of the tombstone table added as a data change (decoded
+        paths); None when the log no longer holds the commit."""
+        store = table_store(self.path.log_uri, self.path.options)
+        try:
+            data = get_bytes(store, f"_delta_log/{version:020d}.json")
+        except NOT_FOUND:
+            return None
+        paths: set[str] = set()
+        for line in data.splitlines():
+            if not line.strip():
+                continue
+            add = json.loads(line).get("add")
+            if add is not None and add.get("dataChange", True):
+                paths.add(unquote(add["path"]))
+        return paths
+
+    def _files_with_null_keys(self, snapshot: Snapshot, files: Sequence[DataFile]) -> set[str]:
+        """Of ``files``, the paths of those whose stats say they may hold a row with a NULL key
+        (a truncate); all of them when the table keeps no null counts."""
+        stat = f"null_count.{self._spec.keys[0]}"
+        wanted = {f.path for f in files}
+        if stat not in snapshot.stats.column_names:
+            return wanted
+        nulls = snapshot.stats.column(stat).to_pylist()
+        return {p for p, n in zip(decoded_paths(snapshot.stats), nulls, strict=True)
+                if p in wanted and (n is None or n > 0)}
 
     def compact_if_due(self, spark: SparkSession, batch_id: int, before: Snapshot | None) -> None:
         """Bin-pack the tombstone files once ``COMPACT_SMALL_FILES`` small ones piled up (an
@@ -254,8 +366,16 @@ class Tombstones:
 
     def purge(self, spark: SparkSession, now: dt.datetime | None = None) -> int:
         """Delete tombstones older than the retention; returns how many went."""
+        return self._purge(spark, now)[0]
+
+    def _purge(self, spark: SparkSession, now: dt.datetime | None = None) -> tuple[int, int | None]:
+        """How many tombstones older than the retention went, and the version that deleted
+        them (None: nothing committed). The MERGE reads and rewrites only the files holding
+        expired tombstones: another sink's concurrent append adds files of its own, which stay;
+        another writer's rewrite of a file this read (its purge or compaction) makes this purge
+        conflict and commit nothing (ConcurrentModificationError, raised: the batch reruns)."""
         if not table_exists(self.path):
-            return 0
+            return 0, None
         cutoff = (now or dt.datetime.now(dt.UTC)) - self._retention
         table = DeltaTable.forPath(spark, self.path)
         expired = table.toDF().filter(F.col(DELETED_AT) < F.lit(cutoff)).alias("s")
@@ -266,4 +386,4 @@ class Tombstones:
         deleted = int(metrics["numTargetRowsDeleted"] or 0)
         if deleted:
             log.info("Purged %d tombstones older than %s from %s", deleted, cutoff.isoformat(), self.path)
-        return deleted
+        return deleted, metrics["tableVersion"]

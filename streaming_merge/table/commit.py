@@ -77,6 +77,11 @@ class CommitRequest:
     # A new protocol or new table properties, committed with the data (None: unchanged).
     protocol: Protocol | None = None
     configuration: Mapping[str, str | None] | None = None
+    # Called on every commit attempt with the latest snapshot checked, after the checks above and
+    # right before the put-if-absent, so it sees every commit ours could be ordered after; it
+    # raises ConcurrentModificationError to refuse. For what the table's own log cannot tell:
+    # MergeSink checks that no other writer recorded a tombstone its batch missed.
+    concurrent_check: Callable[[Snapshot], None] | None = None
 
 
 _MAX_COMMIT_RACES = 20
@@ -105,6 +110,8 @@ def commit(request: CommitRequest) -> int:
     commit_id = uuid.uuid4().hex
     for _ in range(_MAX_COMMIT_RACES):
         checked = _check_concurrent_commits(request, applied)
+        if request.concurrent_check is not None:
+            request.concurrent_check(checked)
         version = checked.version + 1
         body = _commit_file(request, checked, commit_id)
         try:
