@@ -22,7 +22,7 @@ from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import StructType
 
-from streaming_merge.merge.resolve import ResolvedClause, ResolvedMerge, qualified
+from streaming_merge.merge.resolve import ACTION_COL, COPY, ResolvedClause, ResolvedMerge, qualified
 from streaming_merge.table.protocol import is_enabled
 from streaming_merge.table.snapshot import DataFile, Snapshot
 from streaming_merge.table.write import CHANGE_TYPE_COL
@@ -88,8 +88,6 @@ def with_change_rows(resolved: ResolvedMerge, frame: DataFrame, clauses: Sequenc
 
 
 def _rows(resolved: ResolvedMerge, clauses: Sequence[ResolvedClause], keep_copies: bool) -> Column:
-    from streaming_merge.merge.rewrite import ACTION_COL, COPY  # rewrite builds on this module
-
     def build() -> Column:
         names = resolved.output_schema.fieldNames()
         after = [F.col(f"`{n}`") for n in names]

@@ -37,11 +37,16 @@ from streaming_merge.merge.change_data import (
     preimage_names,
     with_change_rows,
 )
-from streaming_merge.merge.resolve import SOURCE_PRESENT, TARGET_PRESENT, ResolvedClause, ResolvedMerge
-from streaming_merge.merge.rewrite import (
+from streaming_merge.merge.resolve import (
     ACTION_COL,
     COPY,
     DROP,
+    SOURCE_PRESENT,
+    TARGET_PRESENT,
+    ResolvedClause,
+    ResolvedMerge,
+)
+from streaming_merge.merge.rewrite import (
     TARGET_ROW_COUNTS,
     FileLayout,
     codes_of,

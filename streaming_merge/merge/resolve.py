@@ -34,6 +34,11 @@ from streaming_merge.table.schema import evolve
 
 T = TypeVar("T")
 
+# A joined row's action: the number of the first clause that applies (ResolvedClause.code), or
+# one of these: keep the target row as it is, or write nothing.
+COPY = -1
+DROP = -2
+ACTION_COL = "__sm_action__"
 SOURCE_PRESENT = "__sm_source_row_present__"
 TARGET_PRESENT = "__sm_target_row_present__"
 OVERFLOW_MARKER = "CAST_OVERFLOW_IN_TABLE_INSERT"

@@ -26,6 +26,9 @@ from streaming_merge.merge.change_data import (
     with_change_rows,
 )
 from streaming_merge.merge.resolve import (
+    ACTION_COL,
+    COPY,
+    DROP,
     SOURCE_PRESENT,
     TARGET_PRESENT,
     ResolvedClause,
@@ -40,9 +43,6 @@ from streaming_merge.table.write import WrittenFile, write_files
 
 log = logging.getLogger(__name__)
 
-COPY = -1
-DROP = -2
-ACTION_COL = "__sm_action__"
 
 
 TOUCHED_FILES = "touchedFileIds"
