@@ -18,7 +18,7 @@ if TYPE_CHECKING:
     from streaming_merge.delta_table import DeltaTable
     from streaming_merge.dml import DmlMetrics
     from streaming_merge.merge.builder import DeltaMergeBuilder
-    from streaming_merge.merge.command import MergeOptions
+    from streaming_merge.merge.options import MergeOptions
     from streaming_merge.merge.metrics import MergeMetrics
     from streaming_merge.optimize.builder import DeltaOptimizeBuilder
     from streaming_merge.optimize.metrics import OptimizeMetrics
@@ -36,7 +36,7 @@ _HOMES = {
     "DeltaTable": "streaming_merge.delta_table",
     "DmlMetrics": "streaming_merge.dml",
     "MergeMetrics": "streaming_merge.merge.metrics",
-    "MergeOptions": "streaming_merge.merge.command",
+    "MergeOptions": "streaming_merge.merge.options",
     "MergeProgress": "streaming_merge.streaming.progress",
     "MergeProgressListener": "streaming_merge.streaming.progress",
     "MergeSink": "streaming_merge.streaming.sink",

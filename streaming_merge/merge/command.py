@@ -19,32 +19,17 @@ from typing import Any
 
 from pyroaring import BitMap64
 from pyspark.sql import Column, DataFrame, SparkSession
-from pyspark.sql.types import (
-    BinaryType,
-    BooleanType,
-    DataType,
-    DateType,
-    DecimalType,
-    IntegralType,
-    StringType,
-    TimestampNTZType,
-    TimestampType,
-)
 
-from streaming_merge._interpreted import DEFAULT_INTERPRETED_MAX_ROWS, interpreted_if_small, rows_of
+from streaming_merge._interpreted import interpreted_if_small, rows_of
 from streaming_merge._jvm import remember_pyspark_lookups
 from streaming_merge._profile import phase
-from streaming_merge._slots import task_slots
 from streaming_merge._spark_conf import temporary_conf
 from streaming_merge.errors import MaterializedSourceLostError, MergeAssignmentOverflowError
 from streaming_merge.merge.change_data import records_change_data
 from streaming_merge.merge.clauses import ClauseSet, MergeClause, expr_text
 from streaming_merge.merge.dv_rewrite import write_changes_with_deletion_vectors
-from streaming_merge.merge.key_presence import DEFAULT_KEY_PRESENCE_MAX_FILES, KeyPresenceProbe, key_presence_probe
-from streaming_merge.merge.map_side_pass import write_map_side_one_pass
+from streaming_merge.merge.key_presence import KeyPresenceProbe, key_presence_probe
 from streaming_merge.merge.materialize import (
-    DEFAULT_STORAGE_LEVELS,
-    MaterializePolicy,
     carries_local_rows,
     is_lost_block_error,
     is_stable,
@@ -56,6 +41,17 @@ from streaming_merge.merge.materialize import (
     should_materialize,
 )
 from streaming_merge.merge.metrics import MergeMetrics
+from streaming_merge.merge.options import MergeOptions, PhaseHook
+from streaming_merge.merge.paths import (
+    layout,
+    map_side_probe,
+    map_side_single_pass,
+    rewrite,
+    rewrites_all_candidates,
+    single_match,
+    single_pass,
+    single_pass_probe,
+)
 from streaming_merge.merge.resolve import (
     OVERFLOW_MARKER,
     ResolvedMerge,
@@ -64,12 +60,7 @@ from streaming_merge.merge.resolve import (
     resolve_merge,
 )
 from streaming_merge.merge.rewrite import (
-    FileLayout,
     RewriteResult,
-    TouchProbe,
-    write_all_changes,
-    write_changes_map_side,
-    write_inserts_only,
 )
 from streaming_merge.merge.skipping import (
     ColumnScope,
@@ -84,9 +75,8 @@ from streaming_merge.merge.skipping import (
     source_stats_columns,
     source_stats_of,
 )
-from streaming_merge.merge.touched import TouchedFiles, find_touched_files, join_partitions
+from streaming_merge.merge.touched import TouchedFiles, find_touched_files
 from streaming_merge.table.commit import CommitRequest, add_columns, commit_with_deletion_vectors
-from streaming_merge.table.file_ids import FileIds
 from streaming_merge.table.location import TableLocation
 from streaming_merge.table.schema import check_partition_columns
 from streaming_merge.table.snapshot import DataFile, Snapshot, check_writable, load_snapshot
@@ -94,104 +84,6 @@ from streaming_merge.table.write import WrittenFile, delete_written
 
 log = logging.getLogger(__name__)
 
-PhaseHook = Callable[[str, DataFrame], None]
-
-
-@dataclass(frozen=True)
-class MergeOptions:
-    """Knobs with Delta's defaults (``spark.databricks.delta.merge.*`` in Delta)."""
-
-    materialize_source: MaterializePolicy = "auto"
-    storage_levels: tuple[str, ...] = DEFAULT_STORAGE_LEVELS
-    max_attempts: int = 4
-    optimize_matched_only: bool = True
-    repartition_before_write: bool = True
-    source_key_range_skipping: bool = True
-    # A source up to this many bytes (estimated) is broadcast and the touched files are
-    # rewritten map-side; None: Spark's spark.sql.autoBroadcastJoinThreshold.
-    broadcast_source_bytes: int | None = None
-    # A target scan of at least this many bytes is streamed past the broadcast source instead
-    # of shuffling every target row (findTouchedFiles, and the one pass, which then rewrites
-    # map-side): one more Spark job (the broadcast) and the inserts' own file, but the shuffle
-    # grows with the target. 5M rows x 100k: findTouchedFiles 2.3 s -> 0.9 s. 1M rows (22 MB)
-    # x 10k, the one pass: 1,399 -> 1,108 ms (local source; Parquet 1,389 -> 1,125), x 100k
-    # even (1,366 / 1,339); one 1 MB candidate x 10k: 475 -> 523 ms (merge_profile A/B,
-    # 2026-11-27). Smaller scans keep the shuffle.
-    broadcast_scan_min_bytes: int = 16 * 1024 * 1024
-    # New files are cut to about this size (Delta's and delta-rs' default is 128 MB / 100 MB).
-    target_file_size: int = 128 * 1024 * 1024
-    # One file is written by one task, so a single output file leaves the other cores idle:
-    # the output is spread over up to one file per core while each file still gets at least
-    # this many bytes (a 22 MB rewrite on 2 cores: 2 files, half the write time).
-    min_parallel_file_size: int = 8 * 1024 * 1024
-    # The source's row count and key ranges when the caller already observed them (the
-    # streaming sink does, while materializing the batch): saves the MERGE a pass.
-    source_stats: SourceStats | None = field(default=None, compare=False)
-    # The target as the caller just read it (the sink does, for its txn check): saves the
-    # MERGE its log load. Used on the first attempt only; a rerun reads the log again.
-    snapshot: Snapshot | None = field(default=None, compare=False)
-    # Skip findTouchedFiles and rewrite every candidate file when the candidates hold at most
-    # this many bytes, no target row can match two source rows (so there is no multiple match
-    # to detect) and no clause acts on unmatched target rows. For callers that know the source
-    # touches every candidate anyway (the streaming sink, after a batch that did): the scan's
-    # Spark job then finds nothing the rewrite does not. Bounded because the rewrite is then a
-    # shuffled full outer join, where a scan would have let a broadcast source rewrite map-side.
-    # The metrics count what was done: every candidate removed, an untouched one's rows copied.
-    # 0 (Delta's algorithm) unless asked for.
-    rewrite_all_candidates_bytes: int = 0
-    # One pass instead of two: when the source holds at least single_pass_min_rows_per_file rows
-    # per candidate file (so every candidate is most likely touched), every candidate is rewritten
-    # in one Spark job that also observes which candidates were touched and whether a target row
-    # could have matched two source rows (streaming_merge.merge.rewrite.TouchProbe). When all were
-    # touched and none could, that is the MERGE, with Delta's files and metrics; otherwise its
-    # files are deleted and the touched candidates are rewritten (or, on a possible multiple
-    # match, Delta's findTouchedFiles decides), so a wrong guess costs one extra write.
-    single_pass: bool = True
-    single_pass_min_rows_per_file: int = 8
-    # findTouchedFiles and the rewrite run without generated code (streaming_merge._interpreted)
-    # when the source's rows plus the candidate files' rows (the log's numRecords) are known and
-    # at most this many: a new query's first MERGE then compiles no Java. 0: always generated code.
-    interpreted_max_rows: int = DEFAULT_INTERPRETED_MAX_ROWS
-    # Data skipping by key presence (streaming_merge.merge.key_presence): while the source is
-    # materialized or counted, each target file's own [min, max] of the integer join keys is
-    # tested against every source row, for tables of up to this many files with such stats
-    # (each costs one comparison per source row). 0: the source's key range alone.
-    key_presence_max_files: int = DEFAULT_KEY_PRESENCE_MAX_FILES
-    # Called with a phase name and the (materialized) source between phases; for
-    # diagnostics and fault-injection tests.
-    phase_hook: PhaseHook | None = field(default=None, compare=False)
-    # Called after the new files are written, right before the commit; raising aborts the
-    # MERGE and deletes its files. The streaming sink waits here for its tombstone append,
-    # which runs beside the MERGE's Spark work but must commit before the MERGE does.
-    before_commit: Callable[[], None] | None = field(default=None, compare=False)
-    # Called on every commit attempt with the latest snapshot the commit checked, right before
-    # the commit is written (CommitRequest.concurrent_check); raising
-    # ConcurrentModificationError aborts the MERGE and deletes its files. The streaming sink
-    # checks here that no other flow recorded a tombstone of its keys meanwhile.
-    commit_check: Callable[[Snapshot], None] | None = field(default=None, compare=False)
-
-    def __post_init__(self) -> None:
-        if self.max_attempts < 1:
-            raise ValueError(f"max_attempts must be at least 1, got {self.max_attempts}")
-        if not self.storage_levels:
-            raise ValueError("storage_levels needs at least one storage level name")
-        if self.target_file_size < 1:
-            raise ValueError(f"target_file_size must be a positive number of bytes, got {self.target_file_size}")
-        if self.rewrite_all_candidates_bytes < 0:
-            raise ValueError("rewrite_all_candidates_bytes must be 0 or more bytes, "
-                             f"got {self.rewrite_all_candidates_bytes}")
-        if self.broadcast_scan_min_bytes < 0:
-            raise ValueError(f"broadcast_scan_min_bytes must be 0 or more bytes, got {self.broadcast_scan_min_bytes}")
-        if self.interpreted_max_rows < 0:
-            raise ValueError(f"interpreted_max_rows must be 0 or more rows, got {self.interpreted_max_rows}")
-        if self.key_presence_max_files < 0:
-            raise ValueError(f"key_presence_max_files must be 0 or more files, got {self.key_presence_max_files}")
-        if self.single_pass_min_rows_per_file < 0:
-            raise ValueError("single_pass_min_rows_per_file must be 0 or more rows, "
-                             f"got {self.single_pass_min_rows_per_file}")
-        if self.min_parallel_file_size < 1:
-            raise ValueError("min_parallel_file_size must be a positive number of bytes, "
-                             f"got {self.min_parallel_file_size}")
 
 
 @dataclass(frozen=True)
@@ -475,7 +367,7 @@ def _merge(spark: SparkSession, request: MergeRequest, snapshot: Snapshot, resol
             with phase(spark, "writeAllChanges", f"MERGE operation - writing the changes to {len(candidates)} "
                                                  "candidate files as deletion vectors and new rows"):
                 changes = write_changes_with_deletion_vectors(
-                    spark, snapshot, candidates, source, resolved, layout=_layout(options, [], source_bytes),
+                    spark, snapshot, candidates, source, resolved, layout=layout(options, [], source_bytes),
                     broadcast_source=broadcast)
             metrics["rewriteTimeMs"] = _millis_since(scan_started)
             metrics.update(changes.counts)
@@ -493,15 +385,15 @@ def _merge(spark: SparkSession, request: MergeRequest, snapshot: Snapshot, resol
             assert stats is not None
             metrics["numSourceRows"] = stats.rows
             decided: list[DataFile] | None = None
-            if _rewrites_all_candidates(options, resolved, snapshot, source, stats, pairs, candidates):
+            if rewrites_all_candidates(options, resolved, snapshot, source, stats, pairs, candidates):
                 decided = list(candidates)
-            elif (probe := _single_pass_probe(spark, snapshot, options, resolved, source, stats, pairs, candidates,
+            elif (probe := single_pass_probe(spark, snapshot, options, resolved, source, stats, pairs, candidates,
                                               broadcast, source_bytes)) is not None:
-                one_pass_result, decided = _single_pass(spark, snapshot, candidates, source, resolved, options, probe,
-                                                        broadcast, _layout(options, candidates, source_bytes))
-            elif (probe := _map_side_probe(spark, snapshot, options, resolved, source, stats, pairs, candidates,
+                one_pass_result, decided = single_pass(spark, snapshot, candidates, source, resolved, options, probe,
+                                                        broadcast, layout(options, candidates, source_bytes))
+            elif (probe := map_side_probe(spark, snapshot, options, resolved, source, stats, pairs, candidates,
                                            broadcast)) is not None:
-                one_pass_result, decided = _map_side_single_pass(spark, snapshot, candidates, source, resolved,
+                one_pass_result, decided = map_side_single_pass(spark, snapshot, candidates, source, resolved,
                                                                  options, probe, source_bytes)
             if decided is None:
                 map_side = broadcast and bool(resolved.not_matched) and not resolved.not_matched_by_source
@@ -511,7 +403,7 @@ def _merge(spark: SparkSession, request: MergeRequest, snapshot: Snapshot, resol
                 with phase(spark, "findTouchedFiles", "MERGE operation - scanning files for matches"):
                     touched = find_touched_files(spark, snapshot, candidates, source, resolved, pairs,
                                                  keep_unmatched_source=level if map_side else None,
-                                                 single_match=_single_match(snapshot, source, stats, pairs),
+                                                 single_match=single_match(snapshot, source, stats, pairs),
                                                  broadcast_source=broadcast_scan)
                 if touched.checkpoint is not None:
                     held.append(touched.checkpoint)
@@ -525,8 +417,8 @@ def _merge(spark: SparkSession, request: MergeRequest, snapshot: Snapshot, resol
             result = one_pass_result
             metrics["rewriteTimeMs"] = _millis_since(scan_started)
         else:
-            result = _rewrite(spark, snapshot, candidates, to_rewrite, source, resolved, touched, pairs,
-                              _layout(options, to_rewrite, source_bytes),
+            result = rewrite(spark, snapshot, candidates, to_rewrite, source, resolved, touched, pairs,
+                              layout(options, to_rewrite, source_bytes),
                               options.optimize_matched_only, broadcast)
             metrics["rewriteTimeMs"] = _millis_since(rewrite_started)
         metrics.update(result.counts)
@@ -590,192 +482,6 @@ def _commit_merge(spark: SparkSession, request: MergeRequest, snapshot: Snapshot
         delete_written(spark, snapshot.location, written)  # also when before_commit or add_columns failed
         raise
     return MergeMetrics(metrics, attempts=attempt, table_version=version)
-
-
-def _rewrites_all_candidates(options: MergeOptions, resolved: ResolvedMerge, snapshot: Snapshot, source: DataFrame,
-                             stats: SourceStats, pairs: list[tuple[str, str]], candidates: Sequence[DataFile]) -> bool:
-    """Whether ``options.rewrite_all_candidates_bytes`` applies: findTouchedFiles would only say which
-    candidates to rewrite (no multiple match is possible, no clause acts on unmatched target rows,
-    and no unconditional delete counts its rows from the scan)."""
-    return (bool(candidates) and sum(f.size for f in candidates) <= options.rewrite_all_candidates_bytes
-            and not resolved.not_matched_by_source and not resolved.clauses.is_only_one_unconditional_delete
-            and _single_match(snapshot, source, stats, pairs))
-
-
-def _single_pass_probe(spark: SparkSession, snapshot: Snapshot, options: MergeOptions, resolved: ResolvedMerge,
-                       source: DataFrame, stats: SourceStats, pairs: list[tuple[str, str]],
-                       candidates: Sequence[DataFile], broadcast: bool, source_bytes: int) -> TouchProbe | None:
-    """What the one-pass rewrite observes (MergeOptions.single_pass), or None where Delta's two
-    passes are the better or the only sound plan: clauses on unmatched target rows (every
-    candidate is then touched anyway, but the scan decides which rows), an unconditional delete
-    (its count comes from the scan), too few source rows to touch every candidate, no key
-    equality or one across types (a cast could make distinct source keys equal one target
-    value), and an upsert of a broadcast source into a target big enough that streaming it past
-    the broadcast and rewriting map-side beats shuffling it for a full outer join."""
-    if not _one_pass_applies(snapshot, options, resolved, source, stats, pairs, candidates):
-        return None
-    candidate_bytes = sum(f.size for f in candidates)
-    matched_only = options.optimize_matched_only and resolved.clauses.is_matched_only
-    if broadcast and not matched_only and candidate_bytes >= options.broadcast_scan_min_bytes:
-        return None
-    return TouchProbe(
-        file_ids=FileIds.of(spark, snapshot, candidates),
-        target_keys=tuple(t for t, _ in pairs),
-        source_keys=tuple(s for _, s in pairs),
-        count_keys=_count_keys(snapshot, source, stats, pairs, candidates),
-        # Unpartitioned: as many join tasks as output files (coalescing 3 join partitions into 2
-        # files left one core with twice the rows of the other).
-        partitions=(join_partitions(spark, candidate_bytes) if snapshot.partition_columns
-                    else _layout(options, candidates, source_bytes).files(task_slots(spark))),
-    )
-
-
-def _map_side_probe(spark: SparkSession, snapshot: Snapshot, options: MergeOptions, resolved: ResolvedMerge,
-                    source: DataFrame, stats: SourceStats, pairs: list[tuple[str, str]],
-                    candidates: Sequence[DataFile], broadcast: bool) -> TouchProbe | None:
-    """What the map-side one pass (streaming_merge.merge.map_side_pass) observes, or None where
-    it does not apply: only where the shuffled one pass declines a broadcast source for a large
-    target (an unpartitioned one: the inserts get files of their own, which would add a file
-    per partition value). A target row joined twice sends the MERGE to findTouchedFiles (see
-    _count_keys)."""
-    if (not broadcast or snapshot.partition_columns
-            or (options.optimize_matched_only and resolved.clauses.is_matched_only)
-            or not _one_pass_applies(snapshot, options, resolved, source, stats, pairs, candidates)
-            or sum(f.size for f in candidates) < options.broadcast_scan_min_bytes):
-        return None
-    return TouchProbe(file_ids=FileIds.of(spark, snapshot, candidates), target_keys=tuple(t for t, _ in pairs),
-                      source_keys=tuple(s for _, s in pairs),
-                      count_keys=_count_keys(snapshot, source, stats, pairs, candidates), partitions=0)
-
-
-def _map_side_single_pass(spark: SparkSession, snapshot: Snapshot, candidates: list[DataFile], source: DataFrame,
-                          resolved: ResolvedMerge, options: MergeOptions, probe: TouchProbe, source_bytes: int
-                          ) -> tuple[RewriteResult | None, list[DataFile] | None]:
-    """As :func:`_single_pass`, map-side (the inserts are written only when the pass settles
-    the MERGE; otherwise the pass has already deleted its files)."""
-    with phase(spark, "writeAllChanges",
-               f"MERGE operation - Rewriting {len(candidates)} candidate files map-side in one pass"):
-        result = write_map_side_one_pass(spark, snapshot, candidates, source, resolved, probe,
-                                         _layout(options, candidates, 0), _layout(options, [], source_bytes))
-    return _settled(spark, snapshot, candidates, probe, result)
-
-
-def _layout(options: MergeOptions, files: Sequence[DataFile], source_bytes: int) -> FileLayout:
-    """How the new files of a rewrite of ``files`` plus a source of ``source_bytes`` are cut."""
-    return FileLayout(options.repartition_before_write, options.target_file_size,
-                      sum(f.size for f in files) + source_bytes, options.min_parallel_file_size,
-                      max((f.size for f in files), default=0))
-
-
-def _one_pass_applies(snapshot: Snapshot, options: MergeOptions, resolved: ResolvedMerge, source: DataFrame,
-                      stats: SourceStats, pairs: list[tuple[str, str]], candidates: Sequence[DataFile]) -> bool:
-    """What both one passes need (see _single_pass_probe for why): the option on, candidates,
-    no clause on unmatched target rows, not a lone unconditional delete, enough source rows to
-    touch every candidate, and key equalities whose columns group as they join."""
-    return (options.single_pass and bool(candidates) and bool(pairs) and not resolved.not_matched_by_source
-            and not resolved.clauses.is_only_one_unconditional_delete
-            and stats.rows >= options.single_pass_min_rows_per_file * len(candidates)
-            and _keys_group_as_they_join(snapshot, source, pairs))
-
-
-def _keys_group_as_they_join(snapshot: Snapshot, source: DataFrame, pairs: list[tuple[str, str]]) -> bool:
-    """Every key pair joins columns of one type whose grouping puts together exactly the values
-    that join as equal (see _groups_as_it_joins): the one passes count and collect by key."""
-    target_types = {f.name: f.dataType for f in snapshot.schema.fields}
-    source_types = {f.name: f.dataType for f in source.schema.fields}
-    return all(target_types.get(t) == source_types.get(s) and _groups_as_it_joins(source_types[s]) for t, s in pairs)
-
-
-_EXACT_KEY_TYPES = (IntegralType, DecimalType, DateType, TimestampType, TimestampNTZType, BooleanType, BinaryType)
-
-
-def _groups_as_it_joins(data_type: DataType) -> bool:
-    """Whether grouping a key column puts together exactly the values that join as equal: not so
-    for floating point (NaN and -0.0 are normalized by rules we do not want to depend on) or for
-    strings under a collation other than binary."""
-    if isinstance(data_type, StringType):
-        return getattr(data_type, "collation", "UTF8_BINARY") == "UTF8_BINARY"
-    return isinstance(data_type, _EXACT_KEY_TYPES)
-
-
-def _single_pass(spark: SparkSession, snapshot: Snapshot, candidates: list[DataFile], source: DataFrame,
-                 resolved: ResolvedMerge, options: MergeOptions, probe: TouchProbe, broadcast: bool,
-                 layout: FileLayout) -> tuple[RewriteResult | None, list[DataFile] | None]:
-    """Rewrite every candidate in one job and settle what it found (see _settled)."""
-    with phase(spark, "writeAllChanges", f"MERGE operation - Rewriting {len(candidates)} candidate files in one pass"):
-        result = write_all_changes(spark, snapshot, candidates, source, resolved,
-                                   optimize_matched_only=options.optimize_matched_only, layout=layout,
-                                   broadcast_source=broadcast, probe=probe)
-    return _settled(spark, snapshot, candidates, probe, result)
-
-
-def _settled(spark: SparkSession, snapshot: Snapshot, candidates: list[DataFile], probe: TouchProbe,
-             result: RewriteResult) -> tuple[RewriteResult | None, list[DataFile] | None]:
-    """What a one pass found: the result when every candidate was touched and no target row can
-    have matched twice; otherwise its files are deleted and the touched candidates are returned
-    for the rewrite (None: a target row may have matched two source rows, which Delta's
-    findTouchedFiles decides, and reports)."""
-    assert result.touched is not None
-    positions = [probe.file_ids.position(file_id) for file_id in result.touched]
-    touched = sorted(p for p in positions if p is not None)
-    if not result.matched_key_shared and len(touched) == len(result.touched) == len(candidates):
-        return result, list(candidates)
-    delete_written(spark, snapshot.location, result.files)
-    if result.matched_key_shared or len(touched) != len(result.touched):
-        # A key with two source rows may be a multiple match; a file identity we did not hand
-        # out (a size the log does not give) means we cannot say which files were touched.
-        log.info("MERGE into %s: one pass inconclusive (a matched key with two source rows: %s); finding the "
-                 "touched files", snapshot.location, result.matched_key_shared)
-        return None, None
-    log.info("MERGE into %s: %d of %d candidate files touched; rewriting those", snapshot.location,
-             len(touched), len(candidates))
-    return None, [candidates[i] for i in touched]
-
-
-def _count_keys(snapshot: Snapshot, source: DataFrame, stats: SourceStats, pairs: list[tuple[str, str]],
-                candidates: Sequence[DataFile]) -> bool:
-    """Whether a one pass counts the source's rows per key to tell a target row joined twice
-    (TouchProbe.count_keys): only where the source's keys are not known unique and a candidate
-    has no record count in the log, which the joined rows are otherwise compared with (a sort
-    and a window over the source saved; map-side, a shuffle of it before the broadcast)."""
-    return (any(f.num_records is None for f in candidates)
-            and not _single_match(snapshot, source, stats, pairs))
-
-
-def _single_match(snapshot: Snapshot, source: DataFrame, stats: SourceStats,
-                  pairs: list[tuple[str, str]]) -> bool:
-    """True when no target row can match two source rows: the source's unique key columns are
-    all joined by equality to target columns of the very same type (with a cast between them,
-    distinct source values could equal one target value)."""
-    if not stats.unique_keys:
-        return False
-    target_types = {f.name: f.dataType for f in snapshot.schema.fields}
-    source_types = {f.name: f.dataType for f in source.schema.fields}
-    same_type = {s for t, s in pairs if target_types.get(t) == source_types.get(s)}
-    return set(stats.unique_keys) <= same_type
-
-
-def _rewrite(spark: SparkSession, snapshot: Snapshot, candidates: list[DataFile], to_rewrite: list[DataFile],
-             source: DataFrame, resolved: ResolvedMerge, touched: TouchedFiles | None,
-             pairs: list[tuple[str, str]], layout: FileLayout, optimize_matched_only: bool, broadcast: bool
-             ) -> RewriteResult:
-    clauses = resolved.clauses
-    unmatched = touched.unmatched_source if touched is not None else None
-    if clauses.is_insert_only or (not to_rewrite and resolved.not_matched):
-        with phase(spark, "writeAllChanges", "MERGE operation - writing new files for only inserts"):
-            return write_inserts_only(
-                spark, snapshot, candidates, source, resolved, layout=layout, key_pairs=pairs,
-                unmatched_source=unmatched,
-                source_count_metric="numSourceRows" if clauses.is_insert_only else "numSourceRowsInSecondScan",
-            )
-    if not to_rewrite:
-        return RewriteResult([], {})
-    with phase(spark, "writeAllChanges", f"MERGE operation - Rewriting {len(to_rewrite)} files"):
-        if unmatched is not None:
-            return write_changes_map_side(spark, snapshot, to_rewrite, source, unmatched, resolved, layout=layout)
-        return write_all_changes(spark, snapshot, to_rewrite, source, resolved,
-                                 optimize_matched_only=optimize_matched_only, layout=layout,
-                                 broadcast_source=broadcast)
 
 
 def _partitions(snapshot: Snapshot, files: Sequence[DataFile]) -> int:
