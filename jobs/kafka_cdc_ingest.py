@@ -30,6 +30,7 @@ from pyspark.sql.types import StructType
 
 from streaming_merge import MergeSink
 from streaming_merge._interpreted import DEFAULT_INTERPRETED_MAX_ROWS, interpreted_if_small
+from streaming_merge._startup_marks import enabled, jvm_state, mark
 from streaming_merge.errors import StreamingMergeError
 from streaming_merge.kafka import debezium
 from streaming_merge.kafka.source import register
@@ -52,6 +53,7 @@ if TYPE_CHECKING:
     from jobs._database import DatabaseConfig
 
 log = logging.getLogger("jobs.kafka_cdc_ingest")  # a stable name under `python -m` too
+mark("job_imports_done")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -157,6 +159,7 @@ def batch_function(config: IngestConfig, on_progress: Callable[[dict[str, Any]],
 
     def run_once(records: DataFrame, batch_id: int, level: str) -> dict[str, Any]:
         spark = records.sparkSession
+        mark("batch_start", once=True, batch=batch_id, **jvm_state(spark))
         if not followed:
             followed.append(FollowedTable(resolve(config.target, spark, config.storage_options)))
         # A trigger reads at most maxOffsetsPerTrigger records: with a small bound the decode runs
@@ -175,7 +178,9 @@ def batch_function(config: IngestConfig, on_progress: Callable[[dict[str, Any]],
             with parquet_write_conf(spark):
                 if bad:
                     dead_letters = _dead_letters_beside(spark, config, decoded, batch_id)
+                mark("batch_decoded", once=True, batch=batch_id)
                 sink(decoded.events, batch_id, rows_at_most=decoded.num_records)
+                mark("merge_committed", once=True, batch=batch_id, sink=sink.lastProgress, **jvm_state(spark))
                 if dead_letters is not None:
                     dead_letters.result()
         except BaseException:
@@ -262,6 +267,7 @@ def start_query(spark: SparkSession, config: ChangeSettings, subscription: tuple
     """The Kafka source → ``foreachBatch(function)`` query of either job mode, started."""
     if config.source_format == "kafka_py":
         register(spark)
+        mark("source_registered")
     option, value = subscription
     reader = (spark.readStream.format(config.source_format)
               .option("kafka.bootstrap.servers", bootstrap_servers)
@@ -269,7 +275,9 @@ def start_query(spark: SparkSession, config: ChangeSettings, subscription: tuple
               .option("startingOffsets", config.starting_offsets))
     if config.max_offsets_per_trigger:
         reader = reader.option("maxOffsetsPerTrigger", str(config.max_offsets_per_trigger))
-    writer = reader.load().writeStream.foreachBatch(function).option("checkpointLocation", checkpoint)
+    records = reader.load()
+    mark("source_loaded")
+    writer = records.writeStream.foreachBatch(function).option("checkpointLocation", checkpoint)
     if config.available_now:
         writer = writer.trigger(availableNow=True)
     elif config.processing_time:
@@ -428,7 +436,9 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("py4j").setLevel(logging.WARNING)
     logging.getLogger("kafka").setLevel(logging.WARNING)
+    mark("main")
     spark = local_session("kafka_cdc_ingest", master, extra_conf=spark_conf)
+    mark("session_ready", **jvm_state(spark))
     if isinstance(config, IngestConfig):
         query = start(spark, config)
     else:
@@ -442,8 +452,12 @@ def main(argv: list[str] | None = None) -> int:
 
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
+    mark("query_started", **jvm_state(spark))
     query.awaitTermination()
+    mark("query_terminated", **jvm_state(spark),
+         progress=[p.json for p in query.recentProgress] if enabled() else None)
     spark.stop()
+    mark("spark_stopped")
     return 0
 
 

@@ -9,10 +9,13 @@ from __future__ import annotations
 import logging
 import os
 import sys
+from collections.abc import Mapping
 from importlib import resources
 from pathlib import Path
 
 from pyspark.sql import SparkSession
+
+from streaming_merge import _class_archive
 
 log = logging.getLogger(__name__)
 
@@ -37,19 +40,22 @@ def local_session(
     shuffle_partitions: int = 4,
     extra_conf: dict[str, str] | None = None,
     short_run: bool = False,
+    class_archive: bool | None = None,
 ) -> SparkSession:
     """Get or create a local SparkSession configured for small-to-medium data.
 
     Python workers (the Kafka source's readers) run this interpreter, so they import the
     same streaming_merge as the driver. ``short_run``: the process ends within a minute or
     so (a demo); see :func:`_short_run_conf`. It only applies when this call starts the JVM.
+    ``class_archive``: map a class-data-sharing archive of the driver's classes into a local
+    driver JVM this call starts, built by the first such session (see
+    :mod:`streaming_merge._class_archive`); None follows ``STREAMING_MERGE_CLASS_ARCHIVE``
+    (default on, ``0`` turns it off).
     """
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
-    conf = {**_loopback_conf(master, extra_conf or {}), **_local_files_conf(master), **(extra_conf or {})}
-    if short_run:
-        conf.update(_short_run_conf(master, conf))
-    conf.update(_quiet_start_conf(master, conf))
+    conf, archive_build = _session_conf(master, extra_conf or {}, short_run=short_run, class_archive=class_archive,
+                                        starts_jvm=_starts_jvm())
     builder = (
         SparkSession.builder.appName(app_name)
         .master(master)
@@ -68,9 +74,66 @@ def local_session(
     )
     for key, value in conf.items():
         builder = builder.config(key, value)
-    spark = builder.getOrCreate()
+    try:
+        spark = builder.getOrCreate()
+    except BaseException:
+        if archive_build is not None:
+            archive_build.abandon()
+        raise
+    if archive_build is not None:
+        archive_build.started(spark)
     spark.sparkContext.setLogLevel("ERROR")
     return spark
+
+
+def _session_conf(master: str, extra_conf: Mapping[str, str], *, short_run: bool = False,
+                  class_archive: bool | None = None, starts_jvm: bool = True
+                  ) -> tuple[dict[str, str], _class_archive.Build | None]:
+    """The settings :func:`local_session` passes besides its fixed ones, and the class archive
+    this process builds, if it does. The driver JVM's options are the caller's (``extra_conf``,
+    else ``spark-defaults.conf``'s) followed by this module's; options only matter to a JVM that
+    is not running yet (``starts_jvm``)."""
+    conf = {**_loopback_conf(master, extra_conf), **_local_files_conf(master), **extra_conf}
+    if starts_jvm and _is_local(master) and DRIVER_JAVA_OPTIONS not in conf:
+        conf.update(_defaults_file_java_options())
+    given_java_options = conf.get(DRIVER_JAVA_OPTIONS, "")
+    if short_run:
+        conf.update(_short_run_conf(master, conf))
+    conf.update(_quiet_start_conf(master, conf))
+    build: _class_archive.Build | None = None
+    if starts_jvm and _is_local(master) and _class_archive.wanted(class_archive, given_java_options):
+        option, build = _class_archive.prepare(conf, given_java_options)
+        if option:
+            conf.update(_with_driver_java_option(conf, option))
+    return conf, build
+
+
+def _starts_jvm() -> bool:
+    """Whether creating a session now starts a driver JVM in this process (not under
+    spark-submit, not Spark Connect, not once a JVM runs)."""
+    from pyspark.core.context import SparkContext
+
+    return (SparkContext._gateway is None and not os.environ.get("PYSPARK_GATEWAY_PORT")
+            and not os.environ.get("SPARK_REMOTE") and not os.environ.get("SPARK_CONNECT_MODE_ENABLED"))
+
+
+def _defaults_file_java_options(environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """``spark.driver.extraJavaOptions`` from ``spark-defaults.conf`` (``$SPARK_CONF_DIR``, else
+    ``$SPARK_HOME/conf``): a ``--conf`` of the same setting replaces the file's value, so options
+    this module adds are appended to it instead."""
+    env = os.environ if environ is None else environ
+    folder = Path(env["SPARK_CONF_DIR"]) if env.get("SPARK_CONF_DIR") else _class_archive.spark_home(env) / "conf"
+    try:
+        lines = (folder / "spark-defaults.conf").read_text().splitlines()
+    except OSError:
+        return {}
+    for line in lines:
+        text = line.strip()
+        if text.startswith(DRIVER_JAVA_OPTIONS):
+            rest = text[len(DRIVER_JAVA_OPTIONS):]
+            if rest[:1] in (" ", "\t", "=", ":"):
+                return {DRIVER_JAVA_OPTIONS: rest.lstrip(" \t=:").strip()}
+    return {}
 
 
 def _is_local(master: str) -> bool:

@@ -31,6 +31,7 @@ from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPart
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxRows, SupportsTriggerAvailableNow
 from pyspark.sql.types import StructType
 
+from streaming_merge._startup_marks import mark
 from streaming_merge.kafka._clients import (
     ARROW_SCHEMA,
     CLIENT_KINDS,
@@ -217,6 +218,7 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return snapshot
 
     def initialOffset(self) -> dict:
+        mark("source_initial_offset", once=True)
         snapshot = self._fresh(for_first_trigger=True)
         how = self._options.starting_offsets.strip()
         if how == "earliest":
@@ -237,6 +239,7 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return result
 
     def prepareForTriggerAvailableNow(self) -> None:
+        mark("source_prepare_available_now", once=True)
         self._available_now_target = self._fresh(for_first_trigger=True).latest
 
     def getDefaultReadLimit(self) -> ReadLimit:
@@ -244,6 +247,7 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return ReadMaxRows(limit) if limit else ReadAllAvailable()
 
     def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
+        mark("source_latest_offset", once=True)
         # The first call of every trigger: fresh metadata, unless the query just started.
         snapshot = self._snapshot
         if snapshot is None or not snapshot.for_first_trigger or time.monotonic() - snapshot.taken > _SNAPSHOT_TTL_S:
@@ -263,6 +267,7 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return self._current().latest
 
     def partitions(self, start: dict, end: dict) -> list[KafkaRange]:
+        mark("source_partitions", once=True)
         earliest = self._current().earliest
         ranges = []
         for topic, parts in end.items():
@@ -293,7 +298,9 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         assert isinstance(partition, KafkaRange)
+        mark("source_read_start", once=True)
         yield from read_range(self._options, partition)
+        mark("source_read_done", once=True)
 
 
 def read_range(options: KafkaOptions, task: KafkaRange) -> Iterator[pa.RecordBatch]:
@@ -334,9 +341,11 @@ class KafkaDataSource(DataSource):
         return SHORT_NAME
 
     def schema(self) -> str:
+        mark("source_schema", once=True)
         return SCHEMA
 
     def streamReader(self, schema: StructType) -> KafkaStreamReader:
+        mark("source_stream_reader", once=True)
         return KafkaStreamReader(KafkaOptions.parse(self.options))
 
 
