@@ -168,7 +168,7 @@ def _grouped_bars(ax: Any, groups: list[str], series: dict[str, list[float | Non
             ax.text(bar.get_x() + bar.get_width() / 2, bar.get_height() + top * 0.01,
                     text + (f"\n{note}" if note else ""), ha="center", va="bottom", fontsize=6.5)
     ax.set_xticks(x, groups, fontsize=9)
-    ax.set_ylim(0, top * 1.22)
+    ax.set_ylim(0, top * 1.45)  # room for the legend above the tallest bar and its label
     ax.legend(fontsize=8, frameon=False, loc="upper left", ncols=2)
 
 
