@@ -16,6 +16,7 @@ rewriting the files it touches.
 from __future__ import annotations
 
 import argparse
+import functools
 import logging
 import shutil
 import sys
@@ -34,6 +35,9 @@ from streaming_merge.kafka.broker import EmbeddedKafka
 from streaming_merge.kafka.source import register
 from streaming_merge.session import local_session
 
+
+def _print_progress(table: str, progress: dict[str, Any]) -> None:
+    print(f"  {table}: {progress_line(progress)}", flush=True)
 
 def read_rows(path: Path) -> list[dict[str, Any]]:
     """A table's rows through delta-rs' DataFusion scan, which applies deletion vectors
@@ -83,8 +87,7 @@ def run_demo(workdir: Path, events: int, keys: int, max_offsets: int, partitions
                 target=str(workdir / table), keys=[spec["key"]], checkpoint=str(workdir / "_checkpoints" / table),
                 dead_letter=str(workdir / "_dead_letter"), row_schema=spec["schema"], available_now=True,
                 max_offsets_per_trigger=max_offsets, deletion_vectors=deletion_vectors)
-            queries.append(start(spark, config, on_progress=lambda p, t=table: print(f"  {t}: {progress_line(p)}",
-                                                                                    flush=True)))
+            queries.append(start(spark, config, on_progress=functools.partial(_print_progress, table)))
         # Both tables' queries run at once, as a deployment runs them: one query's waits (the
         # Python data-source processes starting, a commit, a trigger's planning) overlap the
         # other's work. They share the dead-letter table, whose appends are idempotent per query.

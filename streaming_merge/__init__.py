@@ -18,8 +18,8 @@ if TYPE_CHECKING:
     from streaming_merge.delta_table import DeltaTable
     from streaming_merge.dml import DmlMetrics
     from streaming_merge.merge.builder import DeltaMergeBuilder
-    from streaming_merge.merge.options import MergeOptions
     from streaming_merge.merge.metrics import MergeMetrics
+    from streaming_merge.merge.options import MergeOptions
     from streaming_merge.optimize.builder import DeltaOptimizeBuilder
     from streaming_merge.optimize.metrics import OptimizeMetrics
     from streaming_merge.optimize.options import OptimizeOptions

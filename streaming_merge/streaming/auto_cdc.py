@@ -107,7 +107,7 @@ def create_auto_cdc_flow(
         track_history_except_column_list=track_history_except_column_list, ignore_null_updates=ignore_null_updates,
         ignore_null_updates_column_list=ignore_null_updates_column_list,
         ignore_null_updates_except_column_list=ignore_null_updates_except_column_list,
-        **({"app_id": name} if name is not None else {}), **sink_options)
+        **({"app_id": name} if name is not None else {}), **sink_options)  # type: ignore[arg-type]
     if once:
         return _run_once(sink, frame, spark_conf or {})
     writer = frame.writeStream.foreachBatch(sink).option(
@@ -174,14 +174,14 @@ def _trigger(trigger: Mapping[str, Any]) -> dict[str, Any]:
 def _settings(spark: SparkSession, settings: Mapping[str, str]) -> Iterator[None]:
     """SQL settings on ``spark`` while the query starts: starting copies the session for the
     stream (with its settings then), so the stream keeps them and the session gets its own back."""
-    before = {key: spark.conf.get(key, None) for key in settings}
+    before: dict[str, str | None] = {key: spark.conf.get(key, None) for key in settings}
     try:
         for key, value in settings.items():
             spark.conf.set(key, str(value))
         yield
     finally:
-        for key, value in before.items():
-            if value is None:
+        for key, previous in before.items():
+            if previous is None:
                 spark.conf.unset(key)
             else:
-                spark.conf.set(key, value)
+                spark.conf.set(key, previous)

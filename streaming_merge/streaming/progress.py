@@ -9,9 +9,11 @@ So the sink keeps its own ``MergeProgress`` per batch, shaped like Spark's progr
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import logging
 import threading
+import time
 from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
@@ -136,3 +138,13 @@ class MergeProgressListener(StreamingQueryListener):
 
     def onQueryTerminated(self, event: Any) -> None:
         pass
+
+
+def millis_since(since: float) -> int:
+    """Milliseconds since ``since`` (a ``time.monotonic()`` reading), as progress reports them."""
+    return int((time.monotonic() - since) * 1000)
+
+
+def now_text() -> str:
+    """Now in UTC, as Spark's streaming progress writes timestamps."""
+    return dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"

@@ -14,12 +14,11 @@ import dataclasses
 import datetime as dt
 import functools
 import logging
-import random
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from pyspark.sql import Column, DataFrame, Observation, SparkSession
+from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import StructType
 
@@ -31,21 +30,18 @@ from streaming_merge.errors import (
     ConcurrentModificationError,
     DeltaTableError,
     MaterializedSourceLostError,
-    MergeError,
     StreamingMergeError,
 )
-from streaming_merge.merge.builder import DeltaMergeBuilder
 from streaming_merge.merge.command import MergeOptions, merge_conf
-from streaming_merge.merge.key_presence import KeyPresenceProbe, key_presence_probe
+from streaming_merge.merge.key_presence import key_presence_probe
 from streaming_merge.merge.materialize import (
     DEFAULT_STORAGE_LEVELS,
     is_lost_block_error,
     level_for_attempt,
-    materialize,
     release,
 )
 from streaming_merge.merge.metrics import DELTA_METRICS, MergeMetrics
-from streaming_merge.merge.skipping import SourceStats, source_stats_of
+from streaming_merge.merge.skipping import SourceStats
 from streaming_merge.streaming.arguments import (
     ColumnArg,
     ScdType,
@@ -56,11 +52,9 @@ from streaming_merge.streaming.arguments import (
     sequence_columns,
 )
 from streaming_merge.streaming.background import BackgroundCall
+from streaming_merge.streaming.batch_copy import copy_batch
 from streaming_merge.streaming.cdc import (
-    DELETE_FLAG,
     NULL_KEY_FLAG,
-    PROVIDER_PREFIX,
-    RESET_COL,
     BatchPreparer,
     CdcSpec,
     ColumnSelection,
@@ -68,23 +62,25 @@ from streaming_merge.streaming.cdc import (
     forget_truncated,
 )
 from streaming_merge.streaming.compaction import AutoCompact, run_auto_compaction
-from streaming_merge.streaming.progress import MergeProgress, ProgressLog
+from streaming_merge.streaming.null_keys import route_null_keys
+from streaming_merge.streaming.progress import MergeProgress, ProgressLog, millis_since, now_text
+from streaming_merge.streaming.retries import DEFAULT_CONFLICT_BACKOFF, DEFAULT_MAX_CONFLICT_RETRIES, conflict_backoff
 from streaming_merge.streaming.scd2 import (
-    ACTION,
-    END_AT,
-    START_AT,
     TrackHistory,
-    check_table_columns,
-    current_rows,
-    history_changes,
-    truncate_spans,
 )
 from streaming_merge.streaming.sequence_layout import CDC_METADATA, SequenceLayout, TableColumns
+from streaming_merge.streaming.sink_clauses import (
+    ClauseBuilder,
+    cdc_upsert,
+    check_history_options,
+    history_condition,
+    history_source,
+    history_upsert,
+)
 from streaming_merge.streaming.tombstones import Tombstones
-from streaming_merge.table.append import append_rows
 from streaming_merge.table.follow import FollowedTable
 from streaming_merge.table.location import TableLocation, resolve
-from streaming_merge.table.snapshot import Snapshot, table_exists
+from streaming_merge.table.snapshot import Snapshot, file_rows, table_exists
 from streaming_merge.table.write import parquet_write_conf
 
 log = logging.getLogger(__name__)
@@ -101,45 +97,7 @@ SMALL_CANDIDATES_BYTES = 1024 * 1024
 # A batch of at most this many events is folded (newest event per key) in one task, with no
 # shuffle; a larger one in a partition per task slot (see MergeSink._fold_partitions).
 FOLD_IN_ONE_TASK_MAX_ROWS = 20_000
-# Reruns of a batch whose commit conflicted with another writer's (several flows into one table):
-# at most this many, the n-th after a pause of min(cap, first * 2**(n-1)) seconds times a random
-# factor in [0.5, 1) (exponential backoff with jitter, so two flows that conflicted do not meet
-# again in step). With the defaults: 8 reruns, pauses of 0.05-0.1, 0.1-0.2, ... 2.5-5 s, at most
-# 16.3 s of pauses in all before the batch fails with the last ConcurrentModificationError.
-DEFAULT_MAX_CONFLICT_RETRIES = 8
-DEFAULT_CONFLICT_BACKOFF = (0.1, 5.0)  # seconds: the first pause's bound, the bound of every pause
-
-
-def conflict_backoff(retry: int, first: float, cap: float, rng: random.Random | None = None) -> float:
-    """The pause before conflict rerun ``retry`` (1, 2, ...): min(cap, first * 2**(retry-1))
-    scaled by a random factor in [0.5, 1)."""
-    bound = min(cap, first * 2 ** (retry - 1))
-    return bound * (0.5 + 0.5 * (rng or random).random())
-
-ClauseBuilder = Callable[[DeltaMergeBuilder], DeltaMergeBuilder]
 PhaseHook = Callable[[str, DataFrame], None]
-
-
-def _check_history_options(scd_type: int, keys: Sequence[str], sequence_by: Sequence[str],
-                           clauses: ClauseBuilder | None, schema_evolution: bool,
-                           track_list: Sequence[str] | None, track_except: Sequence[str] | None,
-                           truncates: str | Column | None) -> None:
-    """Refuse option combinations SCD 2 and truncates cannot honour, before anything is written."""
-    if scd_type == 1 and (track_list is not None or track_except is not None):
-        raise ValueError("track_history_column_list / track_history_except_column_list need stored_as_scd_type=2")
-    if scd_type == 2:
-        if not keys or not sequence_by:
-            raise ValueError("stored_as_scd_type=2 needs keys=[...] and sequence_by=...: the history is ordered by "
-                             "the sequence values of each key's events")
-        for given, name in ((clauses, "clauses"), (schema_evolution, "schema_evolution")):
-            if given:
-                raise ValueError(f"stored_as_scd_type=2 cannot be combined with {name} (not supported yet)")
-    if truncates is not None:
-        if not keys or not sequence_by:
-            raise ValueError("apply_as_truncates needs keys=[...] and sequence_by=...: a truncate applies as of "
-                             "its sequence value")
-        if clauses is not None:
-            raise ValueError("apply_as_truncates cannot be combined with custom clauses")
 
 
 class MergeSink:
@@ -242,7 +200,7 @@ class MergeSink:
         track_except = name_list(track_history_except_column_list, "track_history_except_column_list")
         selected = name_list(column_list, "column_list")
         excepted = name_list(except_column_list, "except_column_list")
-        _check_history_options(scd, key_list, sequence_list, clauses, schema_evolution, track_list, track_except,
+        check_history_options(scd, key_list, sequence_list, clauses, schema_evolution, track_list, track_except,
                                apply_as_truncates)
         self._scd_type = scd
         self._track = TrackHistory(track_list, track_except)
@@ -385,7 +343,7 @@ class MergeSink:
                 self._report(MergeProgress(
                     batchId=batch_id, appId=app_id, tableVersion=snapshot.version, skipped=True,
                     attempts=attempt - 1, numInputRows=0, numRowsAfterDedupe=0, numNullKeyRows=0,
-                    numLateRowsDropped=0, durationMs={"total": _ms(started)}, metrics={}, timestamp=_now(),
+                    numLateRowsDropped=0, durationMs={"total": millis_since(started)}, metrics={}, timestamp=now_text(),
                     target=self.target, conflictRetries=conflicts))
                 return
         tombstone_snapshot = self._tombstones.snapshot() if self._tombstones is not None else None
@@ -396,13 +354,13 @@ class MergeSink:
         # in-order stream's lookups find nothing to read, so it goes back to paying nothing.
         early: Callable[[DataFrame], DataFrame] | None = None
         everything = Tombstones.all_files(tombstone_snapshot)
-        if self._tombstones is not None and self._scd_type == 1 and everything and \
+        if self._tombstones is not None and tombstone_snapshot is not None and self._scd_type == 1 and everything and \
                 (self._filter_while_materializing or
                  (self._filter_while_materializing is None and Tombstones.is_small(everything))):
             early = functools.partial(self._tombstones.without_late, spark, snapshot=tombstone_snapshot,
                                       files=everything, partitions=partitions, partitioned_by_keys=True)
         materialize_started = time.monotonic()
-        with interpreted_if_small(spark, rows_of([rows_at_most, *(_file_rows(tombstone_snapshot) if early else [])]),
+        with interpreted_if_small(spark, rows_of([rows_at_most, *(file_rows(tombstone_snapshot) if early else [])]),
                                   self._merge_options.interpreted_max_rows):
             # Not while the batches touch every candidate anyway (the streak that also skips
             # findTouchedFiles): the probe would find no file to drop and costs ~30-50 ms.
@@ -410,11 +368,12 @@ class MergeSink:
                                         self._merge_options.key_presence_max_files)
                      if snapshot is not None and self._spec is not None and self._joins_on_keys
                      and not self._all_touched_streak % PROBE_TOUCHED_EVERY else None)
-            batch, counts, stats, kept_rows = self._materialize(spark, batch_df, level, partitions, early, probe)
+            batch, counts, stats, kept_rows = copy_batch(self._spec, self._preparer, self._scd_type, batch_df, level,
+                                                             partitions, early, probe)
         recording: BackgroundCall | None = None
         execution = contextlib.ExitStack()
         try:
-            materialize_ms = _ms(materialize_started)
+            materialize_ms = millis_since(materialize_started)
             if self._phase_hook:
                 self._phase_hook("after_materialize", batch)
             num_input, null_keys, delete_events, truncate_values, oldest_sequence = counts
@@ -423,17 +382,18 @@ class MergeSink:
                 self._report(MergeProgress(
                     batchId=batch_id, appId=app_id, tableVersion=None, skipped=False, attempts=attempt,
                     numInputRows=0, numRowsAfterDedupe=0, numNullKeyRows=0, numLateRowsDropped=0,
-                    durationMs={"materialize": materialize_ms, "total": _ms(started)}, metrics={},
-                    timestamp=_now(), target=self.target, conflictRetries=conflicts))
+                    durationMs={"materialize": materialize_ms, "total": millis_since(started)}, metrics={},
+                    timestamp=now_text(), target=self.target, conflictRetries=conflicts))
                 return
             # The rest of the batch reads the batch, the target and the tombstones: generated code
             # or not, decided from their row counts (streaming_merge._interpreted).
             execution.enter_context(interpreted_if_small(
-                spark, rows_of([num_input, *_file_rows(snapshot), *_file_rows(tombstone_snapshot)]),
+                spark, rows_of([num_input, *file_rows(snapshot), *file_rows(tombstone_snapshot)]),
                 self._merge_options.interpreted_max_rows))
             source = batch
             if self._spec is not None:
-                dead_letter_rows = self._route_null_keys(spark, batch, batch_id, app_id, null_keys)
+                dead_letter_rows = route_null_keys(spark, self._spec, self._dead_letter, self.target, batch,
+                                                   batch_id, app_id, null_keys)
                 source = batch.filter(~F.col(NULL_KEY_FLAG)).drop(NULL_KEY_FLAG)
                 if self._phase_hook:
                     self._phase_hook("after_prepare", source)
@@ -461,14 +421,16 @@ class MergeSink:
             batch_truncates = [self._spec.sequence_literal(v, source.schema) for v in sorted(truncate_values)] \
                 if self._spec is not None else []
             if self._scd_type == 2:
-                source, merge_stats = self._history_changes(spark, source, stats, snapshot, truncates,
+                source, merge_stats = history_source(spark, self._spec, self._columns, self._track, self._tombstones,
+                                                     self.target, source, stats, snapshot, truncates,
                                                             batch_truncates, tombstone_snapshot, layout)
             else:
                 if truncates:
+                    assert self._spec is not None  # truncates need keys and a sequence
                     source, merge_stats = forget_truncated(source, self._spec, truncates[-1]), None
                 source = self._columns.frame(source, layout)
             self._ensure_table(spark, source, snapshot)
-            tombstones_ms = _ms(tombstones_started)
+            tombstones_ms = millis_since(tombstones_started)
             own_versions: list[int] = []  # of the tombstone table: this batch's append (and purge)
             if self._tombstones is not None and (delete_events or truncate_values):
                 # From the materialized batch, not the late-event filter (which never drops a delete
@@ -493,7 +455,7 @@ class MergeSink:
                 raise
             if recording is not None:
                 recording.result()  # a MERGE skipped by its txn never reached the wait before its commit
-            execute_ms = _ms(execute_started)
+            execute_ms = millis_since(execute_started)
         finally:
             execution.close()
             release(batch)
@@ -514,9 +476,9 @@ class MergeSink:
             skipped=bool(metrics["skipped"]), attempts=attempt, numInputRows=num_input,
             numRowsAfterDedupe=stats.rows, numNullKeyRows=null_keys, numLateRowsDropped=late,
             durationMs={"materialize": materialize_ms, "tombstones": tombstones_ms,
-                        "merge": merge_ms, "commit": max(0, execute_ms - merge_ms), "total": _ms(started)},
+                        "merge": merge_ms, "commit": max(0, execute_ms - merge_ms), "total": millis_since(started)},
             metrics={name: int(metrics[name] or 0) for name in DELTA_METRICS},
-            timestamp=_now(), target=self.target, deadLetterRows=dead_letter_rows, compaction=compaction,
+            timestamp=now_text(), target=self.target, deadLetterRows=dead_letter_rows, compaction=compaction,
             numTruncates=len(truncate_values), conflictRetries=conflicts))
 
     def _fold_partitions(self, spark: SparkSession, rows_at_most: int | None) -> int:
@@ -530,43 +492,6 @@ class MergeSink:
         if bound is not None and bound <= FOLD_IN_ONE_TASK_MAX_ROWS:
             return 1
         return task_slots(spark)
-
-    def _materialize(self, spark: SparkSession, batch_df: DataFrame, level: str, partitions: int,
-                     drop_late: Callable[[DataFrame], DataFrame] | None = None,
-                     probe: KeyPresenceProbe | None = None
-                     ) -> tuple[DataFrame, tuple[int, int, int, list[Any], Any], SourceStats, int | None]:
-        """The batch, prepared (one event per key, NULL-key rows flagged), checkpointed in one
-        job that also observes (rows, NULL-key rows, delete events, truncate values, the oldest
-        event's first sequence value or None when an event has none) and the key ranges.
-        With ``drop_late`` (the tombstone filter) the copy holds what it keeps, and the last
-        value is how many keyed rows that is (observed in the same job; None without it).
-        With ``probe`` the stats also name the target files no key of the batch falls into
-        (observed before late events are dropped: a superset of the MERGE's keys)."""
-        if self._spec is None or self._preparer is None:
-            observation = Observation()
-            frame, _ = materialize(batch_df.observe(observation, F.count(F.lit(1)).alias("rows")), level)
-            rows = int(observation.get.get("rows") or 0)
-            return frame, (rows, 0, 0, [], None), SourceStats(rows, {}), None
-        prepared = self._preparer.prepare(batch_df, partitions)
-        kept: Observation | None = None
-        presence = Observation()
-        to_copy = prepared.frame if probe is None else probe.observed(prepared.frame, presence)
-        if drop_late is not None:
-            kept = Observation()
-            to_copy = drop_late(to_copy).observe(kept, F.count(F.when(~F.col(NULL_KEY_FLAG), 1)).alias("rows"))
-        frame, _ = materialize(to_copy, level)
-        stats = source_stats_of(prepared.stats.get, list(self._spec.keys))
-        # One event per key either way: "last" keeps the newest, "error" refuses duplicates
-        # (SCD 2 keeps several, but its MERGE source is built from them later).
-        if self._scd_type == 1:
-            stats = dataclasses.replace(stats, unique_keys=tuple(self._spec.keys))
-        if probe is not None:
-            stats = dataclasses.replace(stats, absent_files=probe.absent_observed(presence))
-        observed = prepared.counts.get
-        truncates = [v for v in observed.get("truncates") or [] if v is not None]
-        oldest = observed.get("sequenceLo") if not observed.get("sequenceNulls") else None
-        return frame, (int(observed["rows"] or 0), int(observed["nullKeys"] or 0), int(observed["deletes"] or 0),
-                       truncates, oldest), stats, int(kept.get["rows"] or 0) if kept is not None else None
 
     def _resolve_app_id(self, spark: SparkSession) -> str:
         if self._app_id:
@@ -584,11 +509,12 @@ class MergeSink:
                commit_check: Callable[[Snapshot], None] | None = None) -> MergeMetrics:
         table = DeltaTable(spark, self._bind(spark), "t")
         if self._scd_type == 2:
-            builder = self._history_upsert(table.merge(source.alias("s"), self._history_condition()), source.columns,
-                                           truncates)
+            builder = history_upsert(self._spec, table.merge(source.alias("s"), history_condition(self._condition)),
+                                     source.columns, truncates)
         else:
             builder = table.merge(source.alias("s"), self._condition)
-            builder = self._clauses(builder) if self._clauses else self._upsert(builder, source.columns, layout)
+            builder = (self._clauses(builder) if self._clauses
+                       else cdc_upsert(self._spec, builder, source.columns, layout))
             if truncates:  # rows at or before the batch's newest truncate, of keys the batch does not touch
                 assert self._spec is not None
                 row = self._spec.sequence_of("t", layout.in_metadata)
@@ -610,82 +536,6 @@ class MergeSink:
             builder = builder.withSchemaEvolution()
         return builder.execute(app_id=app_id, version=batch_id)
 
-    def _upsert(self, builder: DeltaMergeBuilder, source_columns: Sequence[str], layout: SequenceLayout
-                ) -> DeltaMergeBuilder:
-        """The CDC preset: newest event per key wins, deletes delete, nothing older wins. The
-        guard reads the sequence where the table keeps it (``layout``); the source has it there
-        too (``TableColumns.frame``)."""
-        assert self._spec is not None
-        newer = self._spec.newer(in_metadata=layout.in_metadata)
-        guard = f" AND {newer}" if newer else ""
-        if self._spec.partial:
-            return self._partial_upsert(builder, source_columns, guard, layout)
-        return (builder
-                .whenMatchedDelete(condition=f"s.`{DELETE_FLAG}`{guard}")
-                .whenMatchedUpdateAll(condition=f"NOT s.`{DELETE_FLAG}`{guard}")
-                .whenNotMatchedInsertAll(condition=f"NOT s.`{DELETE_FLAG}`"))
-
-    def _partial_upsert(self, builder: DeltaMergeBuilder, source_columns: Sequence[str], guard: str,
-                        layout: SequenceLayout) -> DeltaMergeBuilder:
-        """Partial updates over the folded batch (``cdc._fold_partial``): a data column takes the
-        batch's value when the event it came from is newer than the table row, or when the batch
-        deleted the key after the row's sequence (the row then starts afresh); otherwise the row
-        keeps its value. Inserts take the batch's values (NULL where no event carried one)."""
-        spec = self._spec
-        assert spec is not None
-        data = spec.data_columns(source_columns)
-        fixed = [c for c in source_columns if not c.startswith("__sm_") and c not in data]
-        fresh = f"(s.`{RESET_COL}` IS NOT NULL AND {spec.later(f's.`{RESET_COL}`', in_metadata=layout.in_metadata)})"
-        assignments = {f"`{c}`": f"s.`{c}`" for c in fixed}
-        for column in data:
-            provider = f"s.`{PROVIDER_PREFIX}{column}`"
-            later = spec.later(provider, in_metadata=layout.in_metadata)
-            assignments[f"`{column}`"] = (f"CASE WHEN {fresh} OR ({provider} IS NOT NULL AND {later}) "
-                                          f"THEN s.`{column}` ELSE t.`{column}` END")
-        values = {f"`{c}`": f"s.`{c}`" for c in [*fixed, *data]}
-        return (builder
-                .whenMatchedDelete(condition=f"s.`{DELETE_FLAG}`{guard}")
-                .whenMatchedUpdate(condition=f"NOT s.`{DELETE_FLAG}`{guard}", set=assignments)
-                .whenNotMatchedInsert(condition=f"NOT s.`{DELETE_FLAG}`", values=values))
-
-    def _history_condition(self) -> str:
-        return f"{self._condition} AND t.`{START_AT}` = s.`{START_AT}`"
-
-    def _history_upsert(self, builder: DeltaMergeBuilder, source_columns: Sequence[str],
-                        truncates: Sequence[Column]) -> DeltaMergeBuilder:
-        """SCD 2: apply the history rows ``scd2.history_changes`` computed; with a truncate in the
-        batch, also close the current row of every key the batch does not touch."""
-        assert self._spec is not None
-        columns = [c for c in source_columns if c != ACTION]
-        changed = [c for c in columns if c not in {*self._spec.keys, START_AT}]
-        builder = (builder
-                   .whenMatchedDelete(condition=f"s.`{ACTION}` = 'D'")
-                   .whenMatchedUpdate(condition=f"s.`{ACTION}` = 'U'", set={f"`{c}`": f"s.`{c}`" for c in changed})
-                   .whenNotMatchedInsert(condition=f"s.`{ACTION}` = 'I'",
-                                         values={f"`{c}`": f"s.`{c}`" for c in columns}))
-        if truncates:
-            spans, new_end = truncate_spans(truncates)
-            builder = builder.whenNotMatchedBySourceUpdate(condition=spans, set={f"`{END_AT}`": new_end})
-        return builder
-
-    def _history_changes(self, spark: SparkSession, events: DataFrame, stats: SourceStats,
-                         snapshot: Snapshot | None, truncates: Sequence[Column], batch_truncates: Sequence[Column],
-                         tombstone_snapshot: Snapshot | None, layout: SequenceLayout) -> tuple[DataFrame, None]:
-        """SCD 2: the MERGE source, the history rows to insert/update/delete for the batch's keys
-        (materialized by the MERGE, which observes its statistics)."""
-        spec = self._spec
-        assert spec is not None
-        columns = [c for c in self._columns.columns(events.columns, layout) if not c.startswith("__sm_")]
-        current = None
-        if snapshot is not None:
-            check_table_columns(snapshot.schema, columns, self.target)
-            current = current_rows(spark, snapshot, stats.ranges, spec, events, batch_truncates)
-        deletes = None  # of keys the batch does not touch too: the fold ignores those
-        if self._tombstones is not None:
-            deletes = self._tombstones.overlapping(spark, tombstone_snapshot, stats.ranges)
-        tracked = self._track.tracked(spec, columns)
-        return history_changes(spec, tracked, events, current, deletes, truncates, columns), None
-
     def _truncates(self, spark: SparkSession, batch_values: Sequence[Any], tombstone_snapshot: Snapshot | None,
                    schema: StructType) -> list[Column]:
         """Every truncate to apply to this batch, oldest first, as literals: the batch's own and,
@@ -696,24 +546,6 @@ class MergeSink:
         if self._tombstones is not None:  # every writer's, read once per tombstone file (Tombstones caches them)
             values |= set(self._tombstones.recorded_truncates(spark, tombstone_snapshot))
         return [self._spec.sequence_literal(v, schema) for v in sorted(values)]
-
-    def _route_null_keys(self, spark: SparkSession, batch: DataFrame, batch_id: int, app_id: str,
-                         count: int) -> int:
-        """Rows with a NULL key cannot be applied: to the dead-letter table, or fail the batch."""
-        if self._spec is None or not count:
-            return 0
-        bad = batch.filter(F.col(NULL_KEY_FLAG)).drop(NULL_KEY_FLAG, DELETE_FLAG)
-        if self._dead_letter is None:
-            raise MergeError(
-                f"Batch {batch_id}: {count} row(s) have NULL in key column(s) {list(self._spec.keys)} and cannot be "
-                f"applied to `{self.target}`; nothing was written. Configure dead_letter='<path>' to divert them.")
-        records = bad.select(
-            F.lit(app_id).alias("app_id"), F.lit(batch_id).cast("long").alias("batch_id"),
-            F.lit(f"NULL in key column(s) {', '.join(self._spec.keys)}").alias("reason"),
-            F.to_json(F.struct(*[F.col(f"`{c}`") for c in bad.columns])).alias("record"),
-            F.current_timestamp().alias("recorded_at"))
-        append_rows(spark, records, self._dead_letter, app_id, batch_id)
-        return count
 
     def _ensure_table(self, spark: SparkSession, source: DataFrame, snapshot: Snapshot | None) -> None:
         """Create the target from the batch when it is missing. When another writer (another
@@ -764,16 +596,4 @@ class MergeSink:
         log.info("MergeSink %s", progress.summary())
 
 
-def _file_rows(snapshot: Snapshot | None) -> list[int | None]:
-    return [f.num_records for f in snapshot.files] if snapshot is not None else []
-
-
 _sleep = time.sleep  # the conflict backoff's pause (a test replaces it)
-
-
-def _ms(since: float) -> int:
-    return int((time.monotonic() - since) * 1000)
-
-
-def _now() -> str:
-    return dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"

@@ -122,6 +122,11 @@ class Snapshot:
         return adds[path]
 
 
+def file_rows(snapshot: Snapshot | None) -> list[int | None]:
+    """Each live file's record count (None where the log has none); none without a snapshot."""
+    return [f.num_records for f in snapshot.files] if snapshot is not None else []
+
+
 def require_table(path: TableRef) -> None:
     """Raise ``NotADeltaTableError`` naming ``path`` when no Delta log is there, without
     loading the log (the MERGE loads it once, when it takes its snapshot)."""

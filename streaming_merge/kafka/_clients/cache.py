@@ -39,7 +39,7 @@ _LOCK = threading.Lock()
 _STATS = {"created": 0, "reused": 0, "released": 0, "closedAfterFailure": 0, "evicted": 0}
 
 
-def consumer_cache_stats() -> dict[str, int]:
+def consumer_cache_stats() -> dict[str, float]:
     """Counters of this process's consumer cache: consumers ``created``, ``reused`` (a read
     served by a cached consumer), ``released`` back to the cache, ``closedAfterFailure``,
     ``evicted`` (idle or over capacity), and ``cached`` now."""

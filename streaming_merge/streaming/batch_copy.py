@@ -1,0 +1,56 @@
+"""A MergeSink batch's one copy: prepared (one event per key, NULL keys flagged), late events
+dropped when the tombstones say so, and checkpointed in one Spark job that also observes the
+counts, the truncates, the oldest sequence and the key ranges the MERGE then needs."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+from pyspark.sql import DataFrame, Observation
+from pyspark.sql import functions as F
+
+from streaming_merge.merge.key_presence import KeyPresenceProbe
+from streaming_merge.merge.materialize import materialize
+from streaming_merge.merge.skipping import SourceStats, source_stats_of
+from streaming_merge.streaming.cdc import NULL_KEY_FLAG, BatchPreparer, CdcSpec
+
+
+def copy_batch(spec: CdcSpec | None, preparer: BatchPreparer | None, scd_type: int, batch_df: DataFrame,
+               level: str, partitions: int, drop_late: Callable[[DataFrame], DataFrame] | None = None,
+               probe: KeyPresenceProbe | None = None
+               ) -> tuple[DataFrame, tuple[int, int, int, list[Any], Any], SourceStats, int | None]:
+    """The batch, prepared (one event per key, NULL-key rows flagged), checkpointed in one
+    job that also observes (rows, NULL-key rows, delete events, truncate values, the oldest
+    event's first sequence value or None when an event has none) and the key ranges.
+    With ``drop_late`` (the tombstone filter) the copy holds what it keeps, and the last
+    value is how many keyed rows that is (observed in the same job; None without it).
+    With ``probe`` the stats also name the target files no key of the batch falls into
+    (observed before late events are dropped: a superset of the MERGE's keys)."""
+    if spec is None or preparer is None:
+        observation = Observation()
+        frame, _ = materialize(batch_df.observe(observation, F.count(F.lit(1)).alias("rows")), level)
+        rows = int(observation.get.get("rows") or 0)
+        return frame, (rows, 0, 0, [], None), SourceStats(rows, {}), None
+    prepared = preparer.prepare(batch_df, partitions)
+    kept: Observation | None = None
+    presence = Observation()
+    to_copy = prepared.frame if probe is None else probe.observed(prepared.frame, presence)
+    if drop_late is not None:
+        kept = Observation()
+        to_copy = drop_late(to_copy).observe(kept, F.count(F.when(~F.col(NULL_KEY_FLAG), 1)).alias("rows"))
+    frame, _ = materialize(to_copy, level)
+    stats = source_stats_of(prepared.stats.get, list(spec.keys))
+    # One event per key either way: "last" keeps the newest, "error" refuses duplicates
+    # (SCD 2 keeps several, but its MERGE source is built from them later).
+    if scd_type == 1:
+        stats = dataclasses.replace(stats, unique_keys=tuple(spec.keys))
+    if probe is not None:
+        stats = dataclasses.replace(stats, absent_files=probe.absent_observed(presence))
+    observed = prepared.counts.get
+    truncates = [v for v in observed.get("truncates") or [] if v is not None]
+    oldest = observed.get("sequenceLo") if not observed.get("sequenceNulls") else None
+    return frame, (int(observed["rows"] or 0), int(observed["nullKeys"] or 0), int(observed["deletes"] or 0),
+                   truncates, oldest), stats, int(kept.get["rows"] or 0) if kept is not None else None
+
