@@ -103,8 +103,14 @@ class Scd2Model:
             else:
                 self.rows.pop(key, None)
         batch_keys = {e["id"] for e in events}
-        for key, rows in self.rows.items():
+        for key, rows in list(self.rows.items()):
             if key in batch_keys:
+                continue
+            # a truncate at a version's own start wins the tie, as in a rebuilt history: the
+            # upsert that opened it is undone (the version before it already ends there)
+            rows[:] = [row for row in rows if row[START] not in batch_truncates]
+            if not rows:
+                del self.rows[key]
                 continue
             for row in rows:
                 spans = [t for t in sorted(batch_truncates)
