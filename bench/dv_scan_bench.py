@@ -19,7 +19,7 @@ the scan of the same live rows without DVs.
   scan, ``DeltaTable.forPath(spark, p).toDF()`` (log read, DVs decoded and planned: ``plan``)
   then ``df.write.format("noop").mode("overwrite").save()`` (``action``: every row of every
   column is read and nothing shipped to the driver). Spark jobs per scan are counted by the
-  status tracker for a job group (``streaming_merge._profile``), Delta log loads too. For
+  status tracker for a job group (``streaming_merge.spark.profile``), Delta log loads too. For
   reference, delta-rs ``pa.table(deltalake.DeltaTable(p).scan())`` of both tables (every column
   into Arrow in this process: not the same work as Spark's noop write, so compare its two rows
   with each other, not with ours).
@@ -164,7 +164,7 @@ def check_tables(dv_path: Path, compacted_path: Path, expected: dict[str, Any], 
 def scan_ours(spark: Any, path: str) -> dict[str, Any]:
     """``toDF()`` (plan) then a noop write (action) under a profile: wall ms, Spark jobs, log loads."""
     from streaming_merge import DeltaTable
-    from streaming_merge._profile import phase, profiling
+    from streaming_merge.spark.profile import phase, profiling
 
     with profiling() as profile, phase(spark, "scan"):
         started = time.perf_counter()

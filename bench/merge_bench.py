@@ -558,7 +558,7 @@ class SparkFloorEngine(OursEngine):
     def run(self, master: Path, run_dir: Path, n_target: int, batch: Batch) -> RunResult:
         from pyspark.sql import functions as F
 
-        from streaming_merge._slots import task_slots
+        from streaming_merge.spark.slots import task_slots
         from streaming_merge.table.write import parquet_write_conf
 
         files = self.source.last_removed

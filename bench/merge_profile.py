@@ -9,7 +9,7 @@ With ``--option NAME=VALUE`` (``MergeOptions`` fields, integer or text values) e
 the defaults and with the options, in alternating order, and a table is printed for each: an A/B
 comparison on the same data in one process.
 
-Jobs are counted by Spark's status tracker for a job group per phase (``streaming_merge._profile``),
+Jobs are counted by Spark's status tracker for a job group per phase (``streaming_merge.spark.profile``),
 so broadcast and shuffle-stage jobs are included and nothing is inferred from reading code. Each run
 merges into a fresh copy of the same target (``shutil.copytree``, untimed); two warm-up runs pay for
 JVM class loading and JIT. Medians over ``--runs`` are printed; wall times on a 2-core machine
@@ -117,8 +117,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if options:
         variants.append((", ".join(args.option), options))
 
-    from streaming_merge._profile import phase, profiling
     from streaming_merge.session import local_session
+    from streaming_merge.spark.profile import phase, profiling
 
     spark = local_session("merge_profile", "local[2]")
     counter = Py4jCounter(spark)

@@ -26,7 +26,7 @@ of every engine come first (JIT, class loading, Janino); the median of ``--runs`
 printed with the Spark jobs of a run, counted by Spark's status tracker for a job group set
 around the call (broadcast and shuffle-stage jobs included). Every run is checked by reading the
 table back with delta-rs: row counts and the amount total of the current rows. One more,
-profiled, run of the flow prints its phases (``streaming_merge._profile``).
+profiled, run of the flow prints its phases (``streaming_merge.spark.profile``).
 
 Measured 2026-11-28 on the 2-core machine, other test suites running beside it (load 2.5-5),
 1M rows, 1 % changed, median of 3 after 1 warm-up (``--out`` writes the runs as JSON):
@@ -205,7 +205,7 @@ def summary(result: Any) -> dict[str, Any]:
 def profile_flow(spark: Any, engine: str, scd_type: int, masters: dict[str, Path], snapshot: str, workdir: Path
                  ) -> dict[str, tuple[int, int]]:
     """Phase -> (wall ms, Spark jobs) of one flow run."""
-    from streaming_merge._profile import profiling
+    from streaming_merge.spark.profile import profiling
 
     with profiling() as profile:
         run_engine(spark, engine, scd_type, masters, snapshot, workdir)

@@ -1,7 +1,8 @@
 """Where a start and a restart spend their time, beside a bare SparkSession in the same run.
 
-    .venv/bin/python -m bench.startup                 # 3 rounds, with and without the class archive
-    .venv/bin/python -m bench.startup --repeat 5 --modes archive --idle
+    .venv/bin/python -m bench.startup                 # 3 rounds of the defaults and of the JVM's defaults
+    .venv/bin/python -m bench.startup --repeat 5 --variants archive:late-c2,archive:c1,plain:tiered --idle
+    .venv/bin/python -m bench.startup --before /tmp/old-checkout   # also the CLI of another checkout
 
 Each round runs, one after the other (their order rotates from round to round):
 
@@ -9,18 +10,21 @@ Each round runs, one after the other (their order rotates from round to round):
   else set), runs one trivial job (``spark.range(10).count()``) and stops it: the reference.
 - ``bare+archive``: the same with the driver class archive of ``streaming_merge.session``
   (``-XX:SharedArchiveFile``), what the archive alone does to Spark's own start.
-- per mode (``archive``: the jobs' default; ``plain``: ``STREAMING_MERGE_CLASS_ARCHIVE=0``):
-  ``cli-fresh``, the Kafka CLI (``python -m jobs.kafka_cdc_ingest --available-now``) on a
-  new 20-record topic of Debezium change events with a new checkpoint and table, from process
-  start to exit; then 20 more records and ``cli-restart``, the CLI again on that checkpoint,
-  timed to its first committed MERGE and to exit; with ``--idle`` also ``cli-idle``, the CLI
-  once more with nothing new.
+- per variant ``ARCHIVE:JIT`` (``archive``: the jobs' default, ``plain``:
+  ``STREAMING_MERGE_CLASS_ARCHIVE=0``; JIT: the CLI's ``--jit``, ``late-c2`` by default,
+  ``tiered`` the JVM's own) and, with ``--before DIR``, ``before`` (the CLI of the checkout in
+  DIR, e.g. the commit before this work, with its own code): ``cli-fresh``, the Kafka CLI
+  (``python -m jobs.kafka_cdc_ingest --available-now``) on a new 20-record topic of Debezium
+  change events with a new checkpoint and table, from process start to exit; then 20 more
+  records and ``cli-restart``, the CLI again on that checkpoint, timed to its first committed
+  MERGE and to exit; with ``--idle`` also ``cli-idle``, the CLI once more with nothing new.
 
 The broker is the embedded one (``streaming_merge.kafka.broker.EmbeddedKafka``), started once.
-The CLI's phases come from ``STREAMING_MERGE_STARTUP_MARKS`` (``streaming_merge._startup_marks``):
+The CLI's phases come from ``STREAMING_MERGE_STARTUP_MARKS`` (``streaming_merge.spark.startup_marks``):
 the job, the session, the Kafka source's planner process and its executor readers append
 timestamped marks to one file; the driver JVM's loaded classes, JIT time and CPU are sampled at
-the job's marks. Medians over the rounds are printed with each total's ratio to ``bare``'s, and
+the job's marks (a checkout without marks is timed to its first MERGE by the sink's log line).
+Medians over the rounds are printed with each total's ratio to ``bare``'s, and
 every run (with the load average before it) goes to ``bench/results/startup.json``. The archive
 is built before the first round if it does not exist (timed and reported, not in the medians).
 """
@@ -85,7 +89,7 @@ def probe_bare(archive: bool) -> None:
     marks["imported"] = time.time()
     conf = SparkConf().setMaster("local[2]").setAppName("bare")
     if archive:
-        from streaming_merge import _class_archive
+        from streaming_merge.spark import class_archive as _class_archive
 
         option, build = _class_archive.prepare({}, "")
         if build is not None or option is None:
@@ -144,22 +148,38 @@ def _jvm_warnings(text: str) -> list[str]:
     return [line for line in text.splitlines() if "[warning][cds" in line or "[error][cds" in line][:5]
 
 
-def cli_command(bootstrap: str, topic: str, work: Path) -> list[str]:
+def cli_command(bootstrap: str, topic: str, work: Path, extra: Iterable[str] = ()) -> list[str]:
     return [sys.executable, "-m", "jobs.kafka_cdc_ingest", "--bootstrap-servers", bootstrap, "--topics", topic,
             "--target", str(work / "table"), "--keys", "order_id", "--checkpoint", str(work / "checkpoint"),
-            "--dead-letter", str(work / "dead_letter"), "--available-now"]
+            "--dead-letter", str(work / "dead_letter"), "--available-now", *extra]
 
 
-def run_cli(scenario: str, command: list[str], archive: bool, scratch: Path) -> dict[str, Any]:
+def _first_merge_logged(stderr: str) -> float | None:
+    """The time of the sink's first "MergeSink batch N -> ..." log line (the job logs with asctime)."""
+    for line in stderr.splitlines():
+        if " INFO streaming_merge.streaming.sink: MergeSink batch " in line and " skipped" not in line:
+            stamp = line[:23]
+            try:
+                return time.mktime(time.strptime(stamp[:19], "%Y-%m-%d %H:%M:%S")) + int(stamp[20:23]) / 1000.0
+            except ValueError:
+                return None
+    return None
+
+
+def run_cli(scenario: str, command: list[str], archive: bool, scratch: Path, tree: Path = ROOT) -> dict[str, Any]:
     marks_file = scratch / f"marks-{time.monotonic_ns()}.jsonl"
+    env = _environment(archive, marks_file)
+    if tree != ROOT:  # another checkout's code, in the job and in every Python process Spark starts
+        env["PYTHONPATH"] = os.pathsep.join([str(tree), *filter(None, [env.get("PYTHONPATH")])])
     load = load_average()
     started = time.time()
-    result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, env=_environment(archive, marks_file),
-                            timeout=RUN_TIMEOUT_S, check=False)
+    result = subprocess.run(command, cwd=tree, capture_output=True, text=True, env=env, timeout=RUN_TIMEOUT_S,
+                            check=False)
     ended = time.time()
     if result.returncode != 0:
         raise RuntimeError(f"{scenario} failed ({result.returncode}):\n{result.stdout}\n{result.stderr[-4000:]}")
-    lines = [json.loads(line) for line in marks_file.read_text().splitlines() if line.strip()]
+    lines = ([json.loads(line) for line in marks_file.read_text().splitlines() if line.strip()]
+             if marks_file.exists() else [])
     marks: dict[str, float] = {"start": started, "exit": ended}
     details: dict[str, dict[str, Any]] = {}
     processes: dict[str, set[int]] = {}
@@ -176,14 +196,21 @@ def run_cli(scenario: str, command: list[str], archive: bool, scratch: Path) -> 
                            "warnings": _jvm_warnings(result.stdout + result.stderr),
                            "python_processes": {k: len(v) for k, v in processes.items()},
                            "batches": [line for line in result.stdout.splitlines() if line.startswith("[batch")]}
+    logged = _first_merge_logged(result.stderr)
+    if "merge_committed" not in marks and logged is not None:
+        marks["merge_committed"] = logged
     if "merge_committed" in marks:
         run["to_first_merge"] = marks["merge_committed"] - started
-        run["sink_duration_ms"] = (details["merge_committed"].get("sink") or {}).get("durationMs")
+        run["sink_duration_ms"] = (details.get("merge_committed", {}).get("sink") or {}).get("durationMs")
     jvm = {name: {k: details[name].get(k)
                   for k in ("jvm_classes", "jit_ms", "jvm_cpu_s", "jvm_threads_cpu_s", "python_cpu_s")}
            for name in ("session_ready", "query_started", "batch_start", "merge_committed", "query_terminated")
            if name in details and "jvm_classes" in details[name]}
     run["jvm"] = jvm
+    # Every mark of every process, in seconds from the start: the driver, the planner processes, the executors.
+    run["timeline"] = [(round(line["t"] - started, 3), line["mark"], line["pid"],
+                        None if line.get("process_started") is None else round(line["process_started"] - started, 3),
+                        line.get("process_cpu_s")) for line in sorted(lines, key=lambda item: item["t"])]
     progress = (details.get("query_terminated") or {}).get("progress") or []
     run["trigger_duration_ms"] = [json.loads(p).get("durationMs") for p in progress]
     return run
@@ -254,12 +281,15 @@ def print_summary(summary: dict[str, Any]) -> None:
 
 def ensure_archive(broker: Any, scratch: Path) -> float | None:
     """Build the CLI's class archive if it is missing (one CLI run with the archive on); its time."""
-    from streaming_merge import _class_archive
+    from streaming_merge.spark import class_archive as _class_archive
 
     option, build = _class_archive.prepare({}, "")
     if build is not None:
         build.abandon()
     elif option is not None:
+        return None
+    else:
+        print("another process is building the class archive: the archive variants may run without it")
         return None
     topic = f"startup-build-{time.time_ns()}"
     broker.create_topic(topic, 1)
@@ -278,7 +308,9 @@ def ensure_archive(broker: Any, scratch: Path) -> float | None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeat", type=int, default=3, help="rounds (medians over them)")
-    parser.add_argument("--modes", default="archive,plain", help="CLI modes: archive (the default), plain (off)")
+    parser.add_argument("--variants", default="archive:late-c2,plain:tiered",
+                        help="CLI variants ARCHIVE:JIT, ARCHIVE archive|plain, JIT late-c2|tiered|c1")
+    parser.add_argument("--before", default=None, help="also the CLI of the checkout in this folder ('before')")
     parser.add_argument("--records", type=int, default=20, help="records per topic and per restart")
     parser.add_argument("--idle", action="store_true", help="also the CLI on the checkpoint with nothing new")
     parser.add_argument("--no-bare-archive", action="store_true", help="skip bare+archive")
@@ -289,9 +321,14 @@ def main(argv: list[str] | None = None) -> int:
     if args.probe_bare:
         probe_bare(args.archive_probe)
         return 0
-    modes = [m.strip() for m in args.modes.split(",") if m.strip()]
-    if not set(modes) <= {"archive", "plain"}:
-        parser.error("--modes takes archive and/or plain")
+    variants: list[tuple[str, bool, list[str], Path]] = []  # (name, archive, extra CLI args, checkout)
+    for item in filter(None, (v.strip() for v in args.variants.split(","))):
+        archive_mode, _, jit = item.partition(":")
+        if archive_mode not in ("archive", "plain") or jit not in ("late-c2", "tiered", "c1"):
+            parser.error(f"--variants: {item!r} is not ARCHIVE:JIT (archive|plain : late-c2|tiered|c1)")
+        variants.append((f"{archive_mode}, {jit}", archive_mode == "archive", ["--jit", jit], ROOT))
+    if args.before:
+        variants.append(("before", False, [], Path(args.before).resolve()))
     from streaming_merge.kafka.broker import EmbeddedKafka
 
     scratch = Path(tempfile.mkdtemp(prefix="startup_bench_"))
@@ -301,7 +338,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         with EmbeddedKafka() as broker:
             bootstrap = broker.bootstrap_servers
-            if "archive" in modes or not args.no_bare_archive:
+            if any(archive for _, archive, _, _ in variants) or not args.no_bare_archive:
                 built = ensure_archive(broker, scratch)
                 report["archive_build_s"] = built
                 if built is not None:
@@ -310,7 +347,7 @@ def main(argv: list[str] | None = None) -> int:
                 steps: list[tuple[str, Any]] = [("bare", False)]
                 if not args.no_bare_archive:
                     steps.append(("bare", True))
-                steps += [("cli", mode) for mode in modes]
+                steps += [("cli", variant) for variant in variants]
                 shift = round_index % len(steps)
                 for kind, option in steps[shift:] + steps[:shift]:
                     if kind == "bare":
@@ -319,19 +356,18 @@ def main(argv: list[str] | None = None) -> int:
                         runs.append(run)
                         _progress(run)
                         continue
-                    archive = option == "archive"
-                    topic = f"startup-{option}-{round_index}-{time.time_ns()}"
+                    name, archive, extra, tree = option
+                    topic = f"startup-{round_index}-{time.time_ns()}"
                     broker.create_topic(topic, 1)
                     produce(broker, topic, 1 + round_index, args.records)
-                    work = scratch / topic
-                    command = cli_command(bootstrap, topic, work)
+                    command = cli_command(bootstrap, topic, scratch / topic, extra)
                     for scenario in ("cli-fresh", "cli-restart", "cli-idle"):
                         if scenario == "cli-idle" and not args.idle:
                             continue
                         if scenario == "cli-restart":
                             produce(broker, topic, 100 + round_index, args.records)
-                        run = run_cli(scenario, command, archive, scratch)
-                        run["label"] = f"{scenario} ({option})"
+                        run = run_cli(scenario, command, archive, scratch, tree)
+                        run["label"] = f"{scenario} ({name})"
                         runs.append(run)
                         _progress(run)
     finally:
@@ -349,7 +385,7 @@ def main(argv: list[str] | None = None) -> int:
 def _progress(run: dict[str, Any]) -> None:
     first = f" first MERGE {run['to_first_merge']:.2f}s" if run.get("to_first_merge") else ""
     warnings = f" JVM warnings: {run['warnings']}" if run.get("warnings") else ""
-    print(f"  {run['label']:<24} {run['total']:6.2f}s{first} (load {run['load'][0]}){warnings}", flush=True)
+    print(f"  {run['label']:<34} {run['total']:6.2f}s{first} (load {run['load'][0]}){warnings}", flush=True)
 
 
 if __name__ == "__main__":

@@ -45,7 +45,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.streaming import StreamingQuery
 from pyspark.sql.types import StringType, StructField, StructType
 
-from jobs.kafka_cdc_ingest import (
+from jobs._common import (
     ChangeSettings,
     MalformedRecordsError,
     change_options,

@@ -20,8 +20,9 @@ import argparse
 import logging
 import signal
 import sys
+import threading
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from pyspark.sql import DataFrame, SparkSession
@@ -29,21 +30,16 @@ from pyspark.sql.streaming import StreamingQuery
 from pyspark.sql.types import StructType
 
 from streaming_merge import MergeSink
-from streaming_merge._interpreted import DEFAULT_INTERPRETED_MAX_ROWS, interpreted_if_small
-from streaming_merge._startup_marks import enabled, jvm_state, mark
-from streaming_merge.errors import StreamingMergeError
 from streaming_merge.kafka import debezium
-from streaming_merge.kafka.source import register
+from streaming_merge.kafka.source import warm_up_records
 from streaming_merge.merge.materialize import (
-    DEFAULT_STORAGE_LEVELS,
-    is_lost_block_error,
-    level_for_attempt,
     release,
     storage_level,
 )
 from streaming_merge.session import local_session
+from streaming_merge.spark.interpreted import DEFAULT_INTERPRETED_MAX_ROWS, interpreted_if_small
+from streaming_merge.spark.startup_marks import enabled, jvm_state, mark
 from streaming_merge.streaming.background import BackgroundCall
-from streaming_merge.streaming.scd2 import HISTORY_COLUMNS
 from streaming_merge.table.append import append_rows
 from streaming_merge.table.follow import FollowedTable
 from streaming_merge.table.location import resolve
@@ -52,34 +48,19 @@ from streaming_merge.table.write import parquet_write_conf
 if TYPE_CHECKING:
     from jobs._database import DatabaseConfig
 
+from jobs._common import (
+    ChangeSettings,
+    MalformedRecordsError,
+    change_options,
+    progress_line,
+    row_columns,
+    staged_again_on_lost_blocks,
+    start_query,
+)
+
 log = logging.getLogger("jobs.kafka_cdc_ingest")  # a stable name under `python -m` too
+JIT_POLICIES = ("late-c2", "tiered", "c1")
 mark("job_imports_done")
-
-
-@dataclass(frozen=True, kw_only=True)
-class ChangeSettings:
-    """How the query runs and how change events are applied: the same in both job modes."""
-
-    dead_letter: str | None = None
-    available_now: bool = False
-    processing_time: str | None = None
-    max_offsets_per_trigger: int | None = None
-    starting_offsets: str = "earliest"
-    on_malformed: str = "dead_letter"
-    source_format: str = "kafka_py"
-    extra_sequence: list[str] = field(default_factory=list)
-    # delta-rs options for the tables' logs (added to those derived from Spark's Hadoop configuration)
-    storage_options: dict[str, str] = field(default_factory=dict)
-    ignore_null_updates: bool = False
-    # Debezium's stand-in for an unchanged TOASTed value (Postgres); never written over real data
-    unavailable_value: str | None = debezium.UNAVAILABLE_VALUE
-    apply_truncates: bool = False  # Debezium truncates truncate the table (else: dead letter)
-    scd_type: int = 1
-    track_history_except: list[str] | None = None  # SCD 2; default: the Debezium metadata columns
-    # New tables get deletion vectors: an upsert marks replaced rows instead of rewriting files
-    deletion_vectors: bool = False
-    # New tables record Delta's change data feed, for jobs downstream (jobs/cdf_chain.py)
-    change_data_feed: bool = False
 
 
 @dataclass(frozen=True)
@@ -94,44 +75,6 @@ class IngestConfig(ChangeSettings):
     row_schema: str | None = None
 
 
-class MalformedRecordsError(StreamingMergeError):
-    """Raised with on_malformed='fail' when a batch holds records that cannot be decoded."""
-
-
-def table_properties(config: ChangeSettings) -> dict[str, str]:
-    """The properties new target tables are created with (the job's table flags)."""
-    properties = {}
-    if config.deletion_vectors:
-        properties["delta.enableDeletionVectors"] = "true"
-    if config.change_data_feed:
-        properties["delta.enableChangeDataFeed"] = "true"
-    return properties
-
-
-def change_options(config: ChangeSettings) -> dict[str, Any]:
-    """MergeSink's CDC options for Debezium change events, shared by both job modes."""
-    options: dict[str, Any] = {
-        "sequence_by": [*config.extra_sequence, *debezium.SEQUENCE_COLUMNS],
-        "apply_as_deletes": debezium.DELETE_WHEN, "storage_options": config.storage_options,
-        "ignore_null_updates": config.ignore_null_updates, "unavailable_value": config.unavailable_value,
-        "stored_as_scd_type": config.scd_type,
-        "table_properties": table_properties(config) or None}
-    if config.apply_truncates:
-        options["apply_as_truncates"] = debezium.TRUNCATE_WHEN
-    if config.scd_type == 2:
-        # _cdc_op and _cdc_ts_ms change with every event: tracked, every event would be a version.
-        options["track_history_except_column_list"] = (config.track_history_except
-                                                       if config.track_history_except is not None
-                                                       else [debezium.OP, debezium.TS_MS])
-    return options
-
-
-def row_columns(schema: StructType) -> StructType:
-    """A table's row-image columns: without the CDC metadata and SCD 2 history columns."""
-    return StructType([f for f in schema.fields
-                       if f.name not in debezium.METADATA_COLUMNS and f.name not in HISTORY_COLUMNS])
-
-
 def _known_row_schema(config: IngestConfig, target: FollowedTable) -> StructType | None:
     """The table's schema once it exists (it is the contract), else the given one; None when
     it must be inferred from the records (first batch of a new table without --row-schema).
@@ -140,13 +83,20 @@ def _known_row_schema(config: IngestConfig, target: FollowedTable) -> StructType
     if snapshot is not None:
         return row_columns(snapshot.schema)
     if config.row_schema:
-        return StructType.fromDDL(config.row_schema)
+        schema = StructType.fromDDL(config.row_schema)
+        assert isinstance(schema, StructType), "a row schema is a list of columns"
+        return schema
     return None
 
 
-def batch_function(config: IngestConfig, on_progress: Callable[[dict[str, Any]], None]
-                   ) -> tuple[Callable[[DataFrame, int], None], MergeSink]:
+def batch_function(config: IngestConfig, on_progress: Callable[[dict[str, Any]], None],
+                   prepare_with: SparkSession | None = None) -> tuple[Callable[[DataFrame, int], None], MergeSink]:
     """The foreachBatch function: decode once, divert malformed records, merge.
+
+    ``prepare_with``: a session to prepare the first batch with now, in the background, while
+    the query starts: the target's log is loaded and, when the row schema is known (the table's,
+    or ``--row-schema``), the decode plan is built (hundreds of Python→JVM calls, seconds in a
+    new JVM); the first batch waits for that and redoes whatever failed.
 
     The Kafka records are read and decoded in one Spark job into a local checkpoint (with
     the record counts observed in that job); the dead-letter append (beside the MERGE, see
@@ -156,14 +106,17 @@ def batch_function(config: IngestConfig, on_progress: Callable[[dict[str, Any]],
     the MERGE are idempotent per batch (Delta txn), so a rerun never applies anything twice."""
     sink = MergeSink(config.target, keys=config.keys, dead_letter=config.dead_letter, **change_options(config))
     followed: list[FollowedTable] = []  # the target, for its schema (made by the first batch: it needs the session)
+    preparing = [_prepare_first_batch(prepare_with, config, followed)] if prepare_with is not None else []
 
     def run_once(records: DataFrame, batch_id: int, level: str) -> dict[str, Any]:
         spark = records.sparkSession
         mark("batch_start", once=True, batch=batch_id, **jvm_state(spark))
+        while preparing:
+            preparing.pop().join()
         if not followed:
             followed.append(FollowedTable(resolve(config.target, spark, config.storage_options)))
         # A trigger reads at most maxOffsetsPerTrigger records: with a small bound the decode runs
-        # without generated code (streaming_merge._interpreted), and the sink is told the count.
+        # without generated code (streaming_merge.spark.interpreted), and the sink is told the count.
         with interpreted_if_small(spark, config.max_offsets_per_trigger, DEFAULT_INTERPRETED_MAX_ROWS):
             decoded = _decode(records, config, level, followed[0])
         dead_letters: BackgroundCall | None = None
@@ -197,6 +150,37 @@ def batch_function(config: IngestConfig, on_progress: Callable[[dict[str, Any]],
         on_progress(staged_again_on_lost_blocks(run_once, records, batch_id))
 
     return run, sink
+
+
+def _prepare_first_batch(spark: SparkSession, config: IngestConfig, followed: list[FollowedTable]
+                         ) -> threading.Thread:
+    """``batch_function``'s preparation of the first batch, started in a daemon thread: the
+    target's log, the decode plan, and (first query of the JVM only) the decode of no records
+    read by an executor Python worker (``kafka.source.warm_up_records``), which leaves that
+    worker ready for the first read and the decode's classes loaded and its code compiled."""
+    def prepare() -> None:
+        try:
+            target = FollowedTable(resolve(config.target, spark, config.storage_options))
+            followed.append(target)
+            row_schema = _known_row_schema(config, target)
+            mark("first_batch_prepared_log", once=True)
+            if row_schema is not None:
+                debezium.prepare_decode(spark, row_schema, keys=config.keys, truncates=config.apply_truncates)
+            records = warm_up_records(spark) if config.source_format == "kafka_py" else None
+            if records is not None:
+                spark.sparkContext.setJobDescription("kafka_cdc_ingest: the first batch's decode, on no records")
+                if row_schema is None:
+                    records.collect()
+                else:
+                    debezium.decode_batch(records, row_schema, keys=config.keys,
+                                          truncates=config.apply_truncates).release()
+            mark("first_batch_prepared", once=True)
+        except Exception:  # the first batch does it again, and reports what fails
+            log.debug("Preparing the first batch failed", exc_info=True)
+
+    thread = threading.Thread(target=prepare, name="prepare-first-batch", daemon=True)
+    thread.start()
+    return thread
 
 
 def _dead_letters_beside(spark: SparkSession, config: IngestConfig, decoded: debezium.DecodedBatch,
@@ -235,67 +219,13 @@ def _decode(records: DataFrame, config: IngestConfig, level: str, target: Follow
             release(inferred_from)
 
 
-def staged_again_on_lost_blocks(run_once: Callable[[DataFrame, int, str], dict[str, Any]], records: DataFrame,
-                                batch_id: int) -> dict[str, Any]:
-    """``run_once(records, batch_id, storage_level)`` until it does not lose a block of its
-    staged copy, at the next storage level each time (bounded). The sinks cannot heal such a
-    loss (their retries re-read the same copy), so the batch is staged again from the Kafka
-    records; every commit of the batch is idempotent (Delta txn), so a rerun applies nothing twice."""
-    for attempt in range(1, len(DEFAULT_STORAGE_LEVELS) + 1):
-        level = level_for_attempt(DEFAULT_STORAGE_LEVELS, attempt)
-        try:
-            return run_once(records, batch_id, level)
-        except Exception as exc:
-            if attempt == len(DEFAULT_STORAGE_LEVELS) or not is_lost_block_error(exc):
-                raise
-            log.warning("Batch %d: the staged copy lost blocks on attempt %d (%s); staging it again from the "
-                        "Kafka records", batch_id, attempt, type(exc).__name__)
-    raise AssertionError("unreachable: the last attempt returns or raises")
-
-
 def start(spark: SparkSession, config: IngestConfig,
           on_progress: Callable[[dict[str, Any]], None] | None = None) -> StreamingQuery:
     """Start the ingestion query (does not wait)."""
-    function, _ = batch_function(config, on_progress or (lambda p: print(progress_line(p), flush=True)))
+    function, _ = batch_function(config, on_progress or (lambda p: print(progress_line(p), flush=True)),
+                                 prepare_with=spark)
     return start_query(spark, config, ("subscribe", config.topics), function, config.bootstrap_servers,
                        config.checkpoint)
-
-
-def start_query(spark: SparkSession, config: ChangeSettings, subscription: tuple[str, str],
-                function: Callable[[DataFrame, int], None], bootstrap_servers: str,
-                checkpoint: str) -> StreamingQuery:
-    """The Kafka source → ``foreachBatch(function)`` query of either job mode, started."""
-    if config.source_format == "kafka_py":
-        register(spark)
-        mark("source_registered")
-    option, value = subscription
-    reader = (spark.readStream.format(config.source_format)
-              .option("kafka.bootstrap.servers", bootstrap_servers)
-              .option(option, value)
-              .option("startingOffsets", config.starting_offsets))
-    if config.max_offsets_per_trigger:
-        reader = reader.option("maxOffsetsPerTrigger", str(config.max_offsets_per_trigger))
-    records = reader.load()
-    mark("source_loaded")
-    writer = records.writeStream.foreachBatch(function).option("checkpointLocation", checkpoint)
-    if config.available_now:
-        writer = writer.trigger(availableNow=True)
-    elif config.processing_time:
-        writer = writer.trigger(processingTime=config.processing_time)
-    return writer.queryName(f"cdc_ingest:{value}").start()
-
-
-def progress_line(progress: dict[str, Any]) -> str:
-    """One human line per batch: what the MERGE did and how long it took."""
-    m = progress.get("metrics", {})
-    if progress.get("skipped"):
-        return f"[batch {progress.get('batchId')}] skipped (already committed)"
-    return (f"[batch {progress.get('batchId')}] {progress.get('target')} v{progress.get('tableVersion')} "
-            f"in={progress.get('numInputRows')} malformed={progress.get('malformedRecords', 0)} "
-            f"inserted={m.get('numTargetRowsInserted', 0)} updated={m.get('numTargetRowsUpdated', 0)} "
-            f"deleted={m.get('numTargetRowsDeleted', 0)} late={progress.get('numLateRowsDropped', 0)} "
-            f"files=-{m.get('numTargetFilesRemoved', 0)}/+{m.get('numTargetFilesAdded', 0)} "
-            f"{progress.get('durationMs', {}).get('total', 0)}ms")
 
 
 def parse_args(argv: list[str] | None) -> tuple[IngestConfig | DatabaseConfig, str, dict[str, str]]:
@@ -356,6 +286,10 @@ def parse_args(argv: list[str] | None) -> tuple[IngestConfig | DatabaseConfig, s
                         help="create new target tables with deletion vectors (delta.enableDeletionVectors=true): "
                         "each upsert marks the replaced rows deleted and writes only the changed rows, instead of "
                         "rewriting the files it touches (existing tables keep their setting)")
+    parser.add_argument("--jit", choices=JIT_POLICIES, default="late-c2",
+                        help="the local driver JVM's JIT compilers: late-c2 (default: the optimizing compiler only "
+                        "for code that stays hot, faster starts and restarts), tiered (the JVM's default), c1 (the "
+                        "fast compiler only: fastest start, slower long runs); ignored under spark-submit")
     parser.add_argument("--spark-conf", action="append", default=[], metavar="KEY=VALUE",
                         help="Spark setting for the job's session, e.g. spark.hadoop.fs.s3a.endpoint=http://minio:9000 "
                         "(repeatable; under spark-submit use its own --conf)")
@@ -376,7 +310,7 @@ def parse_args(argv: list[str] | None) -> tuple[IngestConfig | DatabaseConfig, s
                                                                           args.storage_option),
         ignore_null_updates=args.ignore_null_updates, unavailable_value=args.unavailable_value or None,
         apply_truncates=args.apply_truncates, scd_type=args.scd_type, deletion_vectors=args.deletion_vectors,
-        change_data_feed=args.change_data_feed,
+        change_data_feed=args.change_data_feed, driver_jit=args.jit,
         track_history_except=None if args.track_history_except is None else _names(args.track_history_except))
     keys = _names(args.keys or "")
     if bool(args.topics) == bool(args.subscribe_pattern):
@@ -437,7 +371,8 @@ def main(argv: list[str] | None = None) -> int:
     logging.getLogger("py4j").setLevel(logging.WARNING)
     logging.getLogger("kafka").setLevel(logging.WARNING)
     mark("main")
-    spark = local_session("kafka_cdc_ingest", master, extra_conf=spark_conf)
+    spark = local_session("kafka_cdc_ingest", master, extra_conf=spark_conf, short_run=config.driver_jit == "c1",
+                          late_c2=config.driver_jit == "late-c2")
     mark("session_ready", **jvm_state(spark))
     if isinstance(config, IngestConfig):
         query = start(spark, config)

@@ -15,13 +15,17 @@ from pathlib import Path
 
 from pyspark.sql import SparkSession
 
-from streaming_merge import _class_archive
+from streaming_merge.spark import class_archive as _class_archive
 
 log = logging.getLogger(__name__)
 
 LOOPBACK = "127.0.0.1"
 DRIVER_JAVA_OPTIONS = "spark.driver.extraJavaOptions"
 C1_ONLY = "-XX:TieredStopAtLevel=1"
+# HotSpot's C2 thresholds (defaults 5000, 600, 15000, 40000) times ten: see _late_c2_conf.
+LATE_C2 = ("-XX:Tier4InvocationThreshold=50000 -XX:Tier4MinInvocationThreshold=6000 "
+           "-XX:Tier4CompileThreshold=150000 -XX:Tier4BackEdgeThreshold=400000")
+_JIT_OPTIONS = ("TieredStopAtLevel", "TieredCompilation", "Tier4", "CompileThreshold", "CompilationMode")
 QUIET_LOGGING_FILE = "log4j2-quiet.properties"
 LOG4J2_CONFIGURATION = "log4j2.configurationFile"
 _ADDRESS_SETTINGS = ("spark.driver.host", "spark.driver.bindAddress")
@@ -41,6 +45,7 @@ def local_session(
     extra_conf: dict[str, str] | None = None,
     short_run: bool = False,
     class_archive: bool | None = None,
+    late_c2: bool = False,
 ) -> SparkSession:
     """Get or create a local SparkSession configured for small-to-medium data.
 
@@ -49,13 +54,14 @@ def local_session(
     so (a demo); see :func:`_short_run_conf`. It only applies when this call starts the JVM.
     ``class_archive``: map a class-data-sharing archive of the driver's classes into a local
     driver JVM this call starts, built by the first such session (see
-    :mod:`streaming_merge._class_archive`); None follows ``STREAMING_MERGE_CLASS_ARCHIVE``
-    (default on, ``0`` turns it off).
+    :mod:`streaming_merge.spark.class_archive`); None follows ``STREAMING_MERGE_CLASS_ARCHIVE``
+    (default on, ``0`` turns it off). ``late_c2``: the driver JVM's optimizing compiler only
+    takes methods that stay hot (:func:`_late_c2_conf`), for a long-running job that restarts.
     """
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     conf, archive_build = _session_conf(master, extra_conf or {}, short_run=short_run, class_archive=class_archive,
-                                        starts_jvm=_starts_jvm())
+                                        starts_jvm=_starts_jvm(), late_c2=late_c2)
     builder = (
         SparkSession.builder.appName(app_name)
         .master(master)
@@ -87,7 +93,7 @@ def local_session(
 
 
 def _session_conf(master: str, extra_conf: Mapping[str, str], *, short_run: bool = False,
-                  class_archive: bool | None = None, starts_jvm: bool = True
+                  class_archive: bool | None = None, starts_jvm: bool = True, late_c2: bool = False
                   ) -> tuple[dict[str, str], _class_archive.Build | None]:
     """The settings :func:`local_session` passes besides its fixed ones, and the class archive
     this process builds, if it does. The driver JVM's options are the caller's (``extra_conf``,
@@ -99,6 +105,8 @@ def _session_conf(master: str, extra_conf: Mapping[str, str], *, short_run: bool
     given_java_options = conf.get(DRIVER_JAVA_OPTIONS, "")
     if short_run:
         conf.update(_short_run_conf(master, conf))
+    elif late_c2:
+        conf.update(_late_c2_conf(master, conf))
     conf.update(_quiet_start_conf(master, conf))
     build: _class_archive.Build | None = None
     if starts_jvm and _is_local(master) and _class_archive.wanted(class_archive, given_java_options):
@@ -187,6 +195,24 @@ def _short_run_conf(master: str, conf: dict[str, str]) -> dict[str, str]:
     return _with_driver_java_option(conf, C1_ONLY)
 
 
+def _late_c2_conf(master: str, conf: dict[str, str]) -> dict[str, str]:
+    """The driver JVM's C2 (optimizing) compiler takes a method after ten times HotSpot's default
+    invocation and loop counts (``LATE_C2``); C1 compiles as usual.
+
+    A JVM's start is mostly code that runs a few thousand times and never again: Spark's and
+    Scala's start-up, class loading, the first query's planning. With the default thresholds C2
+    compiles much of it, and on 2 cores its compiler thread takes the CPU the start needs: in
+    a restart of the Kafka job to its first MERGE the C2 thread used 6.0 s of the driver JVM's
+    14.7 s of CPU (bench/startup.py, JVM thread groups). Code that stays hot (a stream's
+    per-batch planning, tasks' row loops) passes the higher thresholds within its first batches
+    and is compiled by C2 as before, unlike ``-XX:TieredStopAtLevel=1`` (short runs), which
+    never compiles with C2. The caller's own JIT options win; cluster masters keep their JVMs'
+    defaults."""
+    if not _is_local(master) or any(option in conf.get(DRIVER_JAVA_OPTIONS, "") for option in _JIT_OPTIONS):
+        return {}
+    return _with_driver_java_option(conf, LATE_C2)
+
+
 def _quiet_start_conf(master: str, conf: dict[str, str]) -> dict[str, str]:
     """A local driver JVM logs with the package's log4j2 settings (WARN, as Spark's Python
     shells use, and Hadoop's "Unable to load native-hadoop library" at ERROR: the pyspark
@@ -211,7 +237,7 @@ def _with_driver_java_option(conf: dict[str, str], option: str) -> dict[str, str
     return {DRIVER_JAVA_OPTIONS: f"{conf.get(DRIVER_JAVA_OPTIONS, '').strip()} {option}".strip()}
 
 
-def _loopback_conf(master: str, extra_conf: dict[str, str]) -> dict[str, str]:
+def _loopback_conf(master: str, extra_conf: Mapping[str, str]) -> dict[str, str]:
     """Bind a local master to loopback unless the user chose an address.
 
     Without an address Spark looks up the machine's hostname; where that resolves to a

@@ -27,8 +27,6 @@ from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import DataType
 
-from streaming_merge._slots import task_slots
-from streaming_merge._spark_conf import temporary_conf
 from streaming_merge.errors import DeltaTableError, DmlAnalysisError, OptimizeAnalysisError
 from streaming_merge.merge.clauses import expr_text, to_column
 from streaming_merge.merge.command import MergeOptions, translate_overflow
@@ -36,6 +34,8 @@ from streaming_merge.merge.metrics import MetricsMapping
 from streaming_merge.merge.rewrite import FileLayout
 from streaming_merge.merge.skipping import ColumnScope, SkippingPlan, target_only_conjuncts
 from streaming_merge.optimize.predicate import check_partition_only, files_matching
+from streaming_merge.spark.conf import temporary_conf
+from streaming_merge.spark.slots import task_slots
 from streaming_merge.table.commit import CommitRequest, commit_with_deletion_vectors
 from streaming_merge.table.file_ids import FileIds
 from streaming_merge.table.location import TableLocation

@@ -26,8 +26,6 @@ from pyroaring import BitMap64
 from pyspark.sql import Column, SparkSession
 from pyspark.sql import functions as F
 
-from streaming_merge._interpreted import DEFAULT_INTERPRETED_MAX_ROWS, interpreted_if_small, rows_of
-from streaming_merge._profile import phase
 from streaming_merge.dml._common import (
     DmlMetrics,
     DmlPlan,
@@ -41,6 +39,8 @@ from streaming_merge.dml._common import (
 from streaming_merge.merge.change_data import DELETE as DELETE_CHANGE
 from streaming_merge.merge.change_data import records_change_data
 from streaming_merge.merge.dv_rewrite import deletion_vector_changes
+from streaming_merge.spark.interpreted import DEFAULT_INTERPRETED_MAX_ROWS, interpreted_if_small, rows_of
+from streaming_merge.spark.profile import phase
 from streaming_merge.table.location import TableLocation
 from streaming_merge.table.snapshot import DataFile
 from streaming_merge.table.write import CHANGE_TYPE_COL, WrittenFile

@@ -29,8 +29,6 @@ from pyspark.sql import Column, DataFrame, Observation, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import DataType
 
-from streaming_merge._interpreted import DEFAULT_INTERPRETED_MAX_ROWS, interpreted_if_small, rows_of
-from streaming_merge._profile import phase
 from streaming_merge.dml._common import (
     DmlMetrics,
     DmlPlan,
@@ -52,6 +50,8 @@ from streaming_merge.merge.dv_rewrite import deletion_vector_changes
 # its column (ANSI store assignment, overflow raised at run time); an UPDATE must cast alike.
 from streaming_merge.merge.resolve import _ClauseResolver
 from streaming_merge.merge.rewrite import observed_values
+from streaming_merge.spark.interpreted import DEFAULT_INTERPRETED_MAX_ROWS, interpreted_if_small, rows_of
+from streaming_merge.spark.profile import phase
 from streaming_merge.table.file_ids import FileIds
 from streaming_merge.table.location import TableLocation
 from streaming_merge.table.snapshot import DataFile, Snapshot

@@ -38,14 +38,15 @@ import json
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
-from pyspark.sql import Column, DataFrame, Observation
+from pyspark.sql import Column, DataFrame, Observation, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import LongType, StringType, StructField, StructType
 
-from streaming_merge._jvm import jvm_class
-from streaming_merge._per_context import PerContext
 from streaming_merge.merge.materialize import release, storage_level
+from streaming_merge.spark.jvm import jvm_class
+from streaming_merge.spark.per_context import PerContext
 
 log = logging.getLogger(__name__)
 
@@ -63,6 +64,7 @@ __all__ = [
     "decode",
     "decode_batch",
     "infer_row_schema",
+    "prepare_decode",
 ]
 
 # Debezium's default unavailable.value.placeholder: a TOASTed value the update did not change.
@@ -174,10 +176,22 @@ class _DecodePlan:
 _PLANS: PerContext[_DecodePlan] = PerContext()
 
 
+def prepare_decode(spark: SparkSession, row_schema: StructType, keys: Sequence[str] = (),
+                   truncates: bool = False) -> None:
+    """Build the decode plan of :func:`decode_batch` ahead of the first batch (a job that
+    knows its row schema at start does it while its query starts): its hundreds of
+    Python→JVM round trips take seconds in a JVM that has not run them yet."""
+    _plan_in(spark.sparkContext, row_schema, keys, truncates)
+
+
 def _plan_for(records: DataFrame, row_schema: StructType, keys: Sequence[str], truncates: bool) -> _DecodePlan:
-    """The plan for this row schema, keys and truncate handling: built by the first batch,
-    kept for the next ones."""
-    return _PLANS.get(records.sparkSession.sparkContext, (row_schema.json(), tuple(keys), truncates),
+    """The plan for this row schema, keys and truncate handling: built by the first batch
+    (or :func:`prepare_decode`), kept for the next ones."""
+    return _plan_in(records.sparkSession.sparkContext, row_schema, keys, truncates)
+
+
+def _plan_in(context: Any, row_schema: StructType, keys: Sequence[str], truncates: bool) -> _DecodePlan:
+    return _PLANS.get(context, (row_schema.json(), tuple(keys), truncates),
                       lambda: _DecodePlan(
                           stage=_stage(row_schema, keys, truncates), events=_events(row_schema),
                           malformed=_malformed(),

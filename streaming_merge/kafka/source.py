@@ -18,6 +18,7 @@ snapshot that ``reportLatestOffset`` and ``partitions`` of the same trigger reus
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import logging
 import re
@@ -31,7 +32,6 @@ from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPart
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxRows, SupportsTriggerAvailableNow
 from pyspark.sql.types import StructType
 
-from streaming_merge._startup_marks import mark
 from streaming_merge.kafka._clients import (
     ARROW_SCHEMA,
     CLIENT_KINDS,
@@ -41,11 +41,13 @@ from streaming_merge.kafka._clients import (
     MetadataClient,
     ReadRequest,
     clear_consumer_cache,
+    client_importable,
     consumer_cache_stats,
     read_partition,
     resolve_client_kind,
     translate_options,
 )
+from streaming_merge.spark.startup_marks import mark
 
 __all__ = [
     "CLIENT_KINDS",
@@ -353,3 +355,34 @@ def register(spark: Any) -> str:
     """Register the source with ``spark``; returns its short name for ``format(...)``."""
     spark.dataSource.register(KafkaDataSource)
     return SHORT_NAME
+
+
+_warmed_up: set[int] = set()  # SparkContexts whose executor Python worker has been readied
+
+
+def warm_up_records(spark: Any, client: str | None = None) -> Any | None:
+    """No Kafka records (a DataFrame of this source's columns), produced by an executor Python
+    worker that imports this module and the Kafka client; None after the first call per SparkContext.
+
+    For a job to run the first batch's plan on (in the background, while its query starts):
+    the read task of the query's first batch would otherwise wait for that worker (Spark forks
+    it on first use, then it imports pyspark's worker, this module, pyarrow and the client:
+    0.3-1.2 s here), and the plan's first run loads its classes and compiles its code. Spark
+    reuses its Python workers, so the first read gets this one. Produced by an Arrow map, as the
+    source's reads are: Spark keeps SQL's Python workers apart from RDDs' (their environments
+    differ), so an RDD's worker would not serve the read. On a cluster it readies a worker on
+    whichever executor runs the task."""
+    context = spark.sparkContext
+    if id(context) in _warmed_up:
+        return None
+    _warmed_up.add(id(context))
+    return spark.range(1, numPartitions=1).mapInArrow(functools.partial(_no_records, client), SCHEMA)
+
+
+def _no_records(kind: str | None, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    """In an executor Python worker: import the Kafka client the reads will use; no records."""
+    client_importable(resolve_client_kind(kind))
+    mark("source_reader_worker_ready", once=True)
+    for _ in batches:
+        pass
+    yield pa.RecordBatch.from_pylist([], schema=_ARROW_SCHEMA)

@@ -20,10 +20,6 @@ from typing import Any
 from pyroaring import BitMap64
 from pyspark.sql import Column, DataFrame, SparkSession
 
-from streaming_merge._interpreted import interpreted_if_small, rows_of
-from streaming_merge._jvm import remember_pyspark_lookups
-from streaming_merge._profile import phase
-from streaming_merge._spark_conf import temporary_conf
 from streaming_merge.errors import MaterializedSourceLostError, MergeAssignmentOverflowError
 from streaming_merge.merge.change_data import records_change_data
 from streaming_merge.merge.clauses import ClauseSet, MergeClause, expr_text
@@ -76,6 +72,10 @@ from streaming_merge.merge.skipping import (
     source_stats_of,
 )
 from streaming_merge.merge.touched import TouchedFiles, find_touched_files
+from streaming_merge.spark.conf import temporary_conf
+from streaming_merge.spark.interpreted import interpreted_if_small, rows_of
+from streaming_merge.spark.jvm import remember_pyspark_lookups
+from streaming_merge.spark.profile import phase
 from streaming_merge.table.commit import CommitRequest, add_columns, commit_with_deletion_vectors
 from streaming_merge.table.location import TableLocation
 from streaming_merge.table.schema import check_partition_columns
@@ -357,7 +357,7 @@ def _merge(spark: SparkSession, request: MergeRequest, snapshot: Snapshot, resol
     metrics["numTargetPartitionsAfterSkipping"] = _partitions(snapshot, candidates)
     source_bytes = stats.rows * estimated_row_bytes(source) if stats is not None else 0
     broadcast = stats is not None and fits_broadcast(source, stats.rows, options.broadcast_source_bytes)
-    # Generated code or not: known before any of the MERGE's own jobs (see streaming_merge._interpreted).
+    # Generated code or not: known before any of the MERGE's own jobs (see streaming_merge.spark.interpreted).
     rows_read = rows_of([stats.rows if stats is not None else None, *[f.num_records for f in candidates]])
     with interpreted_if_small(spark, rows_read, options.interpreted_max_rows):
         if not clauses.is_insert_only and snapshot.writes_deletion_vectors:

@@ -27,8 +27,6 @@ from pyroaring import BitMap64
 from pyspark.sql import Column, DataFrame, Observation, SparkSession, Window
 from pyspark.sql import functions as F
 
-from streaming_merge._profile import phase
-from streaming_merge._slots import task_slots
 from streaming_merge.errors import MultipleSourceRowMatchingTargetRowError
 from streaming_merge.merge.change_data import (
     deduplicates_deletes,
@@ -56,6 +54,8 @@ from streaming_merge.merge.rewrite import (
     write_frame,
 )
 from streaming_merge.merge.touched import FILE_ID_COL, MAX_REPORTED_ROWS, MULTIPLE_MATCH_MESSAGE, scan_with_file_ids
+from streaming_merge.spark.profile import phase
+from streaming_merge.spark.slots import task_slots
 from streaming_merge.table.dv_filter import deleted_positions, long_array
 from streaming_merge.table.file_ids import FileIds
 from streaming_merge.table.snapshot import DataFile, Snapshot

@@ -11,10 +11,10 @@ from dataclasses import dataclass, field
 
 from pyspark.sql import DataFrame
 
-from streaming_merge._interpreted import DEFAULT_INTERPRETED_MAX_ROWS
 from streaming_merge.merge.key_presence import DEFAULT_KEY_PRESENCE_MAX_FILES
 from streaming_merge.merge.materialize import DEFAULT_STORAGE_LEVELS, MaterializePolicy
 from streaming_merge.merge.skipping import SourceStats
+from streaming_merge.spark.interpreted import DEFAULT_INTERPRETED_MAX_ROWS
 from streaming_merge.table.snapshot import Snapshot
 
 PhaseHook = Callable[[str, DataFrame], None]
@@ -71,7 +71,7 @@ class MergeOptions:
     # match, Delta's findTouchedFiles decides), so a wrong guess costs one extra write.
     single_pass: bool = True
     single_pass_min_rows_per_file: int = 8
-    # findTouchedFiles and the rewrite run without generated code (streaming_merge._interpreted)
+    # findTouchedFiles and the rewrite run without generated code (streaming_merge.spark.interpreted)
     # when the source's rows plus the candidate files' rows (the log's numRecords) are known and
     # at most this many: a new query's first MERGE then compiles no Java. 0: always generated code.
     interpreted_max_rows: int = DEFAULT_INTERPRETED_MAX_ROWS

@@ -26,8 +26,6 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
-from streaming_merge._profile import phase
-from streaming_merge._slots import task_slots
 from streaming_merge.merge.map_side_pass import write_map_side_one_pass
 from streaming_merge.merge.options import MergeOptions
 from streaming_merge.merge.resolve import ResolvedMerge
@@ -41,6 +39,8 @@ from streaming_merge.merge.rewrite import (
 )
 from streaming_merge.merge.skipping import SourceStats
 from streaming_merge.merge.touched import TouchedFiles, join_partitions
+from streaming_merge.spark.profile import phase
+from streaming_merge.spark.slots import task_slots
 from streaming_merge.table.file_ids import FileIds
 from streaming_merge.table.snapshot import DataFile, Snapshot
 from streaming_merge.table.write import delete_written

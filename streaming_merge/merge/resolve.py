@@ -27,9 +27,9 @@ from pyspark.sql.types import (
     StructType,
 )
 
-from streaming_merge._jvm import jvm_class
 from streaming_merge.errors import MergeAnalysisError
 from streaming_merge.merge.clauses import ClauseSet, MergeClause, expr_text, to_column
+from streaming_merge.spark.jvm import jvm_class
 from streaming_merge.table.schema import evolve
 
 T = TypeVar("T")

@@ -17,8 +17,6 @@ from typing import Any
 from pyspark.sql import Column, DataFrame, Observation, SparkSession, Window
 from pyspark.sql import functions as F
 
-from streaming_merge._slots import task_slots
-from streaming_merge._spark_conf import temporary_conf
 from streaming_merge.merge.change_data import (
     deduplicates_deletes,
     matched_delete_rows,
@@ -36,6 +34,8 @@ from streaming_merge.merge.resolve import (
     qualified,
 )
 from streaming_merge.merge.touched import FILE_ID_COL, any_of, join_partitions, scan_with_file_ids
+from streaming_merge.spark.conf import temporary_conf
+from streaming_merge.spark.slots import task_slots
 from streaming_merge.table.file_ids import FileIds
 from streaming_merge.table.scan import scan_files
 from streaming_merge.table.snapshot import DataFile, Snapshot

@@ -15,7 +15,6 @@ from dataclasses import dataclass
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from streaming_merge._slots import task_slots
 from streaming_merge.errors import MultipleSourceRowMatchingTargetRowError
 from streaming_merge.merge.materialize import storage_level
 from streaming_merge.merge.resolve import (
@@ -25,6 +24,7 @@ from streaming_merge.merge.resolve import (
     ResolvedMerge,
     qualified,
 )
+from streaming_merge.spark.slots import task_slots
 from streaming_merge.table.file_ids import FileIds
 from streaming_merge.table.scan import ROW_INDEX_COL, scan_files
 from streaming_merge.table.snapshot import DataFile, Snapshot

@@ -31,11 +31,11 @@ from collections.abc import Iterator, Sequence
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from streaming_merge._profile import phase
-from streaming_merge._spark_conf import temporary_conf
 from streaming_merge.optimize.binpack import Bin, plan_bins, plan_purge_bins
 from streaming_merge.optimize.metrics import FileSizeMetrics, OptimizeMetrics
 from streaming_merge.optimize.options import OptimizeOptions
+from streaming_merge.spark.conf import temporary_conf
+from streaming_merge.spark.profile import phase
 from streaming_merge.table.commit import CommitRequest, commit
 from streaming_merge.table.scan import FILE_PATH_COL, ROW_INDEX_COL, scan_files, spark_file_paths
 from streaming_merge.table.snapshot import DataFile, Snapshot, check_writable

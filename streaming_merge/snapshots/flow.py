@@ -20,7 +20,6 @@ from collections.abc import Mapping, Sequence
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from streaming_merge._profile import phase
 from streaming_merge.delta_table import DeltaTable
 from streaming_merge.errors import ConcurrentModificationError, DeltaTableError, MaterializedSourceLostError
 from streaming_merge.merge.builder import DeltaMergeBuilder
@@ -50,6 +49,7 @@ from streaming_merge.snapshots.diff import (
 )
 from streaming_merge.snapshots.result import AppliedSnapshot, SnapshotCdcResult
 from streaming_merge.snapshots.source import SnapshotSource, VersionedSnapshot, snapshots
+from streaming_merge.spark.profile import phase
 from streaming_merge.streaming.arguments import ColumnArg, ScdType, column_names, name_list, scd_type_of
 from streaming_merge.streaming.scd2 import END_AT, HISTORY_COLUMNS, START_AT, TrackHistory
 from streaming_merge.table.location import TableLocation, resolve

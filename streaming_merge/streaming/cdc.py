@@ -23,8 +23,8 @@ from pyspark.sql import Column, DataFrame, Observation, Window
 from pyspark.sql import functions as F
 from pyspark.sql.types import StructType
 
-from streaming_merge._per_context import PerContext
 from streaming_merge.errors import MergeAnalysisError, MultipleSourceRowMatchingTargetRowError
+from streaming_merge.spark.per_context import PerContext
 from streaming_merge.streaming.sequence_layout import CDC_METADATA, UPSERT_SEQUENCE
 
 DELETE_FLAG = "__sm_is_delete__"

@@ -22,9 +22,6 @@ from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import StructType
 
-from streaming_merge._interpreted import interpreted_if_small, rows_of
-from streaming_merge._jvm import remember_pyspark_lookups
-from streaming_merge._slots import task_slots
 from streaming_merge.delta_table import DeltaTable
 from streaming_merge.errors import (
     ConcurrentModificationError,
@@ -42,6 +39,9 @@ from streaming_merge.merge.materialize import (
 )
 from streaming_merge.merge.metrics import DELTA_METRICS, MergeMetrics
 from streaming_merge.merge.skipping import SourceStats
+from streaming_merge.spark.interpreted import interpreted_if_small, rows_of
+from streaming_merge.spark.jvm import remember_pyspark_lookups
+from streaming_merge.spark.slots import task_slots
 from streaming_merge.streaming.arguments import (
     ColumnArg,
     ScdType,
@@ -386,7 +386,7 @@ class MergeSink:
                     timestamp=now_text(), target=self.target, conflictRetries=conflicts))
                 return
             # The rest of the batch reads the batch, the target and the tombstones: generated code
-            # or not, decided from their row counts (streaming_merge._interpreted).
+            # or not, decided from their row counts (streaming_merge.spark.interpreted).
             execution.enter_context(interpreted_if_small(
                 spark, rows_of([num_input, *file_rows(snapshot), *file_rows(tombstone_snapshot)]),
                 self._merge_options.interpreted_max_rows))

@@ -30,10 +30,10 @@ from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import IntegralType
 
-from streaming_merge._per_context import PerContext
 from streaming_merge.delta_table import DeltaTable
 from streaming_merge.errors import ConcurrentModificationError
 from streaming_merge.merge.skipping import ColumnScope, SkippingPlan, decoded_paths
+from streaming_merge.spark.per_context import PerContext
 from streaming_merge.streaming.cdc import DELETE_FLAG, CdcSpec, clustered_by_keys, values_newer_than
 from streaming_merge.streaming.compaction import AutoCompact, run_auto_compaction
 from streaming_merge.table.append import append_rows, recorded_now

@@ -22,9 +22,9 @@ from py4j.protocol import Py4JError, Py4JJavaError
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.types import StructType
 
-from streaming_merge._jvm import jvm_class
-from streaming_merge._per_context import PerContext
 from streaming_merge.errors import DeltaTableError
+from streaming_merge.spark.jvm import jvm_class
+from streaming_merge.spark.per_context import PerContext
 
 log = logging.getLogger(__name__)
 

@@ -15,7 +15,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from pyspark.sql import SparkSession
 
-from streaming_merge._jvm import jvm_class
+from streaming_merge.spark.jvm import jvm_class
 
 _PARQUET_MAGIC = b"PAR1"
 # A py4j answer longer than the gateway's 8 KiB write buffer leaves the JVM in two TCP

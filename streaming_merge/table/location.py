@@ -21,7 +21,7 @@ from urllib.parse import quote
 
 from pyspark.sql import SparkSession
 
-from streaming_merge._jvm import jvm_class
+from streaming_merge.spark.jvm import jvm_class
 from streaming_merge.table.storage_options import hadoop_getter, storage_options_for
 
 _SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.\-]*:")

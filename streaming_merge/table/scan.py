@@ -15,9 +15,9 @@ from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import StructType
 
-from streaming_merge._jvm import jvm_class
-from streaming_merge._slots import task_slots
-from streaming_merge._spark_conf import temporary_conf
+from streaming_merge.spark.conf import temporary_conf
+from streaming_merge.spark.jvm import jvm_class
+from streaming_merge.spark.slots import task_slots
 from streaming_merge.table.dv_filter import deleted_row_column
 from streaming_merge.table.file_relation import files_relation
 from streaming_merge.table.schema import data_columns

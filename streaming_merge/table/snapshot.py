@@ -16,8 +16,8 @@ from deltalake import DeltaTable as _RsTable
 from deltalake.exceptions import TableNotFoundError
 from pyspark.sql.types import ArrayType, DataType, MapType, StructField, StructType
 
-from streaming_merge._profile import count_log_load
 from streaming_merge.errors import DeltaTableError, NotADeltaTableError, UnsupportedTableFeatureError
+from streaming_merge.spark.profile import count_log_load
 from streaming_merge.table.deletion_vectors import DeletionVector
 from streaming_merge.table.dv_log import live_adds
 from streaming_merge.table.location import TableLocation, TableRef, resolve

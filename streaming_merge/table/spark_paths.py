@@ -9,7 +9,7 @@ from collections.abc import Sequence
 
 from pyspark.sql import SparkSession
 
-from streaming_merge._jvm import jvm_class
+from streaming_merge.spark.jvm import jvm_class
 from streaming_merge.table.location import TableRef, resolve
 from streaming_merge.table.snapshot import DataFile
 

@@ -42,9 +42,9 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
-from streaming_merge._jvm import jvm_class
-from streaming_merge._spark_conf import temporary_conf
 from streaming_merge.errors import DeltaTableError
+from streaming_merge.spark.conf import temporary_conf
+from streaming_merge.spark.jvm import jvm_class
 from streaming_merge.table.files import HadoopFiles
 from streaming_merge.table.location import TableRef, resolve
 

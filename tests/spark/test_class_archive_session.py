@@ -1,4 +1,4 @@
-"""A local session with the driver class archive (streaming_merge._class_archive), for real: the
+"""A local session with the driver class archive (streaming_merge.spark.class_archive), for real: the
 first session of a key builds the archive when its process exits, the next one maps it and works.
 Each session runs in a process of its own, with a cache folder of its own."""
 
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from streaming_merge import _class_archive
+from streaming_merge.spark import class_archive as _class_archive
 
 PROBE = """
 from streaming_merge.session import local_session

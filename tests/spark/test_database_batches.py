@@ -22,8 +22,8 @@ import pytest
 from pyspark.sql import DataFrame, SparkSession
 
 from jobs._database import DatabaseBatches, DatabaseConfig
-from streaming_merge._profile import profiling
 from streaming_merge.kafka.source import SCHEMA
+from streaming_merge.spark.profile import profiling
 from tests.job_count import jobs_of
 from tests.streaming_support import inventory
 from tests.streaming_support.inventory import change_value, record_key, table_state

@@ -22,10 +22,10 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.types import LongType, StringType, StructField, StructType
 
 import jobs.kafka_cdc_ingest as job
-from streaming_merge._profile import profiling
 from streaming_merge.kafka import debezium
 from streaming_merge.kafka.source import SCHEMA
 from streaming_merge.merge.materialize import checkpoint_rdd_id
+from streaming_merge.spark.profile import profiling
 from tests.job_count import jobs_of
 
 ROW_SCHEMA = StructType([StructField("id", LongType()), StructField("v", StringType())])

@@ -1,4 +1,4 @@
-"""Small MERGEs and sink batches run without generated code (streaming_merge._interpreted).
+"""Small MERGEs and sink batches run without generated code (streaming_merge.spark.interpreted).
 
 The outcome checked is Spark's own count of Java compilations (Janino, ``CodegenMetrics``)
 over an operation on a table of a schema no earlier test used: a compiled plan shape is
@@ -21,8 +21,8 @@ import pytest
 from pyspark.sql import DataFrame, SparkSession
 
 from streaming_merge import DeltaTable, MergeOptions, MergeSink
-from streaming_merge._interpreted import INTERPRETED_CONF, rows_of, runs_interpreted
 from streaming_merge.merge.skipping import SourceStats
+from streaming_merge.spark.interpreted import INTERPRETED_CONF, rows_of, runs_interpreted
 
 FACTORY_MODE = "spark.sql.codegen.factoryMode"
 WHOLE_STAGE = "spark.sql.codegen.wholeStage"

@@ -18,8 +18,8 @@ import pytest
 from pyspark.sql import DataFrame, SparkSession
 
 from streaming_merge import DeltaTable, MergeSink
-from streaming_merge._profile import profiling
 from streaming_merge.merge.materialize import is_stable, should_materialize
+from streaming_merge.spark.profile import profiling
 from streaming_merge.streaming.sink import PROBE_TOUCHED_EVERY
 from tests.job_count import jobs_of
 
@@ -148,7 +148,7 @@ def test_a_merge_asks_the_jvm_for_pysparks_class_and_method_names_only_once(
     and the next MERGE makes no such lookup, with the same result as before."""
     import py4j.clientserver
 
-    from streaming_merge._jvm import _RememberingClass
+    from streaming_merge.spark.jvm import _RememberingClass
 
     def upsert(source: DataFrame) -> Any:
         return (DeltaTable.forPath(spark, orders).alias("t").merge(source.alias("s"), "t.id = s.id")

@@ -179,7 +179,7 @@ def run_merge(spark: SparkSession, path: str, step: MergeStep, deletion_vectors:
         # Delta's two passes with the shuffled findTouchedFiles.
         builder = builder.withOptions(single_pass=False)
     if len(step.clauses) % 2 == 0:
-        # Inputs this small run interpreted by default (streaming_merge._interpreted); steps with
+        # Inputs this small run interpreted by default (streaming_merge.spark.interpreted); steps with
         # an even number of clauses run with generated code, so both execution modes face the model.
         builder = builder.withOptions(interpreted_max_rows=0)
     return builder.execute()

@@ -19,9 +19,9 @@ import pytest
 from pyspark.sql import SparkSession
 
 from streaming_merge import DeltaTable
-from streaming_merge._profile import profiling
 from streaming_merge.errors import MultipleSourceRowMatchingTargetRowError
 from streaming_merge.merge.skipping import SourceStats
+from streaming_merge.spark.profile import profiling
 from streaming_merge.table import file_ids
 
 # Times, and the new files' bytes: the two plans write the same rows in another order.

@@ -18,9 +18,9 @@ import pytest
 from pyspark.sql import DataFrame, SparkSession
 
 from streaming_merge import DeltaTable, MergeProgressListener, MergeSink
-from streaming_merge._slots import task_slots
 from streaming_merge.errors import MergeError, MultipleSourceRowMatchingTargetRowError
 from streaming_merge.merge.materialize import checkpoint_rdd_id
+from streaming_merge.spark.slots import task_slots
 from streaming_merge.streaming.sink import FOLD_IN_ONE_TASK_MAX_ROWS
 from streaming_merge.streaming.tombstones import Tombstones
 from tests.streaming_support.cdc_events import SCHEMA, expected_state, generate, table_state, write_files

@@ -397,7 +397,7 @@ def test_a_remote_store_keeps_sparks_listing_job_with_a_task_per_slot(spark: Spa
     """No remote store here to read from: what the scan asks Spark for, per location and count."""
     from types import SimpleNamespace
 
-    from streaming_merge._slots import task_slots
+    from streaming_merge.spark.slots import task_slots
     from streaming_merge.table.scan import _listing_conf
 
     def at(uri: str) -> Any:

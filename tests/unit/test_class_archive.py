@@ -1,4 +1,4 @@
-"""The driver class archive of ``local_session`` (streaming_merge._class_archive): which archive a
+"""The driver class archive of ``local_session`` (streaming_merge.spark.class_archive): which archive a
 session uses (its key), when it builds one, how it finishes a build, and how its option joins the
 caller's driver JVM options. No SparkSession here; the few JVMs started are ``java -version``."""
 
@@ -14,8 +14,8 @@ from typing import Any
 
 import pytest
 
-from streaming_merge import _class_archive as archive
 from streaming_merge import session
+from streaming_merge.spark import class_archive as archive
 
 JAVA_OPTIONS = "spark.driver.extraJavaOptions"
 # javac --release 8 of ``public class Probe { public static void main(String[] a) {} }``: a class of

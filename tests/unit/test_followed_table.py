@@ -15,7 +15,7 @@ import pyarrow as pa
 import pytest
 from deltalake import write_deltalake
 
-from streaming_merge._profile import profiling
+from streaming_merge.spark.profile import profiling
 from streaming_merge.table.follow import FollowedTable
 from streaming_merge.table.location import resolve
 from streaming_merge.table.snapshot import load_snapshot

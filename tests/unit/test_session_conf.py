@@ -86,3 +86,21 @@ def test_a_local_session_starts_without_sparks_start_up_notices() -> None:
     for notice in ("Using Spark's default log4j profile", "Setting default log level",
                    "To adjust logging level", "NativeCodeLoader"):
         assert notice not in result.stderr, result.stderr
+
+
+def test_late_c2_raises_the_optimizing_compilers_thresholds_unless_the_caller_chose_a_jit() -> None:
+    late = session._late_c2_conf("local[2]", {"spark.driver.extraJavaOptions": "-Dfoo=1"})
+    options = late["spark.driver.extraJavaOptions"].split(" ")
+    assert options[0] == "-Dfoo=1"
+    assert "-XX:Tier4InvocationThreshold=50000" in options and "-XX:Tier4BackEdgeThreshold=400000" in options
+    for own in ("-XX:TieredStopAtLevel=1", "-XX:-TieredCompilation", "-XX:Tier4InvocationThreshold=100",
+                "-XX:CompileThresholdScaling=0.5"):
+        assert session._late_c2_conf("local", {"spark.driver.extraJavaOptions": own}) == {}, own
+    assert session._late_c2_conf("yarn", {}) == {}
+    # A short run stops at C1: no C2 thresholds then.
+    conf, build = session._session_conf("local[2]", {}, short_run=True, late_c2=True, class_archive=False)
+    assert build is None
+    assert "TieredStopAtLevel=1" in conf["spark.driver.extraJavaOptions"]
+    assert "Tier4" not in conf["spark.driver.extraJavaOptions"]
+    conf, _ = session._session_conf("local[2]", {}, late_c2=True, class_archive=False)
+    assert "Tier4InvocationThreshold" in conf["spark.driver.extraJavaOptions"]

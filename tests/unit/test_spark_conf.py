@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from streaming_merge._spark_conf import temporary_conf
+from streaming_merge.spark.conf import temporary_conf
 
 
 class _Conf:

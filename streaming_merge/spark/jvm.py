@@ -15,7 +15,7 @@ from typing import Any
 from py4j.java_gateway import JavaClass, JavaMember
 from pyspark.sql import SparkSession
 
-from streaming_merge._per_context import PerContext
+from streaming_merge.spark.per_context import PerContext
 
 
 def jvm_class(spark: SparkSession, name: str) -> JavaClass:

@@ -27,7 +27,7 @@ from collections.abc import Iterator
 
 from pyspark.sql import SparkSession
 
-from streaming_merge._spark_conf import temporary_conf
+from streaming_merge.spark.conf import temporary_conf
 
 INTERPRETED_CONF = {
     "spark.sql.codegen.wholeStage": "false",

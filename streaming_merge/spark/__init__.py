@@ -1,0 +1,8 @@
+"""The Spark and JVM ground floor every other part stands on: JVM class lookups and py4j call
+savings (``jvm``), per-SparkContext caches (``per_context``), the task slots a session has
+(``slots``), temporary SQL settings (``conf``), interpreted execution for small inputs
+(``interpreted``), phase profiling and job counts (``profile``), the driver's class-data-sharing
+archive (``class_archive``) and start-up marks (``startup_marks``).
+
+Nothing here knows Delta or MERGE; the table, merge and streaming layers import from here.
+"""
