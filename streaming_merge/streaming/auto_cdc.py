@@ -21,12 +21,13 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql.streaming import StreamingQuery
 
+from streaming_merge.spark.conf import temporary_conf
 from streaming_merge.streaming.arguments import ColumnArg, ScdType
 from streaming_merge.streaming.progress import MergeProgress
 from streaming_merge.streaming.sink import MergeSink
@@ -116,13 +117,13 @@ def create_auto_cdc_flow(
         writer = writer.queryName(name)
     if trigger is not None:
         writer = writer.trigger(**_trigger(trigger))
-    with _settings(frame.sparkSession, spark_conf or {}):
+    with _query_settings(frame.sparkSession, spark_conf or {}):
         return writer.start()
 
 
 def _run_once(sink: MergeSink, frame: DataFrame, spark_conf: Mapping[str, str]) -> MergeProgress:
     """Apply ``frame`` as batch 0 of the sink's app id, or skip it when an earlier run did."""
-    with _settings(frame.sparkSession, spark_conf):
+    with _query_settings(frame.sparkSession, spark_conf):
         sink(frame, 0)
     progress = sink.progress_for(0)
     assert progress is not None
@@ -170,18 +171,7 @@ def _trigger(trigger: Mapping[str, Any]) -> dict[str, Any]:
     return dict(trigger)
 
 
-@contextlib.contextmanager
-def _settings(spark: SparkSession, settings: Mapping[str, str]) -> Iterator[None]:
+def _query_settings(spark: SparkSession, settings: Mapping[str, Any]) -> contextlib.AbstractContextManager[None]:
     """SQL settings on ``spark`` while the query starts: starting copies the session for the
     stream (with its settings then), so the stream keeps them and the session gets its own back."""
-    before: dict[str, str | None] = {key: spark.conf.get(key, None) for key in settings}
-    try:
-        for key, value in settings.items():
-            spark.conf.set(key, str(value))
-        yield
-    finally:
-        for key, previous in before.items():
-            if previous is None:
-                spark.conf.unset(key)
-            else:
-                spark.conf.set(key, previous)
+    return temporary_conf(spark, {key: str(value) for key, value in settings.items()})
