@@ -11,16 +11,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import signal
 import sys
-from typing import Any
 
 from pyspark.sql import DataFrame
 
 from jobs.cdf_chain import ChainConfig, start
 from streaming_merge import MergeSink
 from streaming_merge.session import local_session
+from tests.streaming_support.kill_switch import KillSwitch
 
 
 def main() -> int:
@@ -31,26 +29,20 @@ def main() -> int:
     parser.add_argument("--progress", required=True)
     parser.add_argument("--kill-at", default=None)
     args = parser.parse_args()
-    kill_phase, kill_batch = args.kill_at.split(":") if args.kill_at else (None, "-1")
-    current: dict[str, Any] = {"batch": -1}
-
-    def die_if(phase: str) -> None:
-        if phase == kill_phase and current["batch"] == int(kill_batch):
-            sys.stdout.flush()
-            os.killpg(os.getpgid(0), signal.SIGKILL)
+    kill = KillSwitch(args.kill_at)
 
     def hook(phase: str, _frame: DataFrame) -> None:
-        die_if({"after_materialize": "before_merge", "after_find_touched_files": "mid_merge"}.get(phase, phase))
+        kill.at_sink_phase(phase)
 
     def on_batch(sink: MergeSink, batch_id: int) -> None:
         with open(args.progress, "a") as handle:
             handle.write(json.dumps(sink.lastProgress) + "\n")
-        die_if("after_commit")
+        kill.die_if("after_commit")
 
     spark = local_session("cdf-chain-app", "local[2]", shuffle_partitions=2)
     config = ChainConfig(source=args.source, target=args.target, keys=["id"], checkpoint=args.checkpoint,
                          available_now=True, max_files_per_trigger=1, starting_version="0")
-    query = start(spark, config, on_batch=on_batch, phase_hook=hook, on_start=lambda b: current.update(batch=b))
+    query = start(spark, config, on_batch=on_batch, phase_hook=hook, on_start=lambda b: setattr(kill, "batch", b))
     query.awaitTermination()
     spark.stop()
     return 0

@@ -14,10 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import signal
 import sys
-from typing import Any
 
 from pyspark.sql import DataFrame
 
@@ -25,6 +22,7 @@ from streaming_merge import MergeSink
 from streaming_merge.session import local_session
 from tests.streaming_support.cdc_events import SCHEMA
 from tests.streaming_support.cluster import Handshake
+from tests.streaming_support.kill_switch import KillSwitch
 
 
 def main() -> int:
@@ -39,28 +37,22 @@ def main() -> int:
     parser.add_argument("--handshake", default=None)
     args = parser.parse_args()
     handshake = Handshake(args.handshake, args.pause_at)
-    kill_phase, kill_batch = (args.kill_at.split(":") if args.kill_at else (None, "-1"))
-    current: dict[str, Any] = {"batch": -1}
-
-    def die_if(phase: str) -> None:
-        if phase == kill_phase and current["batch"] == int(kill_batch):
-            sys.stdout.flush()
-            os.killpg(os.getpgid(0), signal.SIGKILL)
+    kill = KillSwitch(args.kill_at)
 
     def hook(phase: str, _: DataFrame) -> None:
-        die_if({"after_materialize": "before_merge", "after_find_touched_files": "mid_merge"}.get(phase, phase))
-        handshake.reached(phase, current["batch"], {})
+        kill.at_sink_phase(phase)
+        handshake.reached(phase, kill.batch, {})
 
     spark = local_session(f"multi-flow-{args.name}", "local[2]", shuffle_partitions=2)
     sink = MergeSink(args.target, keys=["id"], sequence_by="lsn", apply_as_deletes="op = 'd'",
                      except_column_list=["lsn"], app_id=args.name, conflict_backoff=(0.05, 0.5), phase_hook=hook)
 
     def for_each_batch(batch: DataFrame, batch_id: int) -> None:
-        current["batch"] = batch_id
+        kill.batch = batch_id
         sink(batch, batch_id)
         with open(args.progress, "a") as handle:
             handle.write(json.dumps(sink.lastProgress) + "\n")
-        die_if("after_commit")
+        kill.die_if("after_commit")
 
     query = (spark.readStream.schema(SCHEMA).option("maxFilesPerTrigger", 1).json(args.source)
              .writeStream.foreachBatch(for_each_batch).queryName(args.name)

@@ -20,8 +20,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import signal
 import sys
 from typing import Any
 
@@ -31,6 +29,7 @@ from streaming_merge import MergeSink
 from streaming_merge.session import local_session
 from tests.streaming_support.cdc_events import SCHEMA
 from tests.streaming_support.cluster import Handshake, block_executors, cluster_report, write_json
+from tests.streaming_support.kill_switch import KillSwitch
 
 
 def main() -> int:
@@ -46,20 +45,15 @@ def main() -> int:
     parser.add_argument("--report", default=None, help="JSON file: the cluster's executors at the end")
     args = parser.parse_args()
     handshake = Handshake(args.handshake, args.pause_at)
-    kill_phase, kill_batch = (args.kill_at.split(":") if args.kill_at else (None, "-1"))
-    current: dict[str, Any] = {"batch": -1}
-
-    def die_if(phase: str) -> None:
-        if phase == kill_phase and current["batch"] == int(kill_batch):
-            sys.stdout.flush()
-            os.killpg(os.getpgid(0), signal.SIGKILL)
+    kill = KillSwitch(args.kill_at)
+    current: dict[str, Any] = {}
 
     def hook(phase: str, frame: DataFrame) -> None:
-        die_if({"after_materialize": "before_merge", "after_find_touched_files": "mid_merge"}.get(phase, phase))
+        kill.at_sink_phase(phase)
         if handshake.pending and phase == "after_materialize":
             current["copy"] = frame  # the sink's materialized copy of this batch
-        if (phase, current["batch"]) in handshake.pending:
-            handshake.reached(phase, current["batch"], {
+        if (phase, kill.batch) in handshake.pending:
+            handshake.reached(phase, kill.batch, {
                 "appId": spark.sparkContext.applicationId, "blocks": block_executors(frame),
                 "batchBlocks": block_executors(current["copy"]), "executors": cluster_report(spark)["executors"]})
 
@@ -67,11 +61,11 @@ def main() -> int:
     sink = MergeSink(args.target, keys=["id"], sequence_by="lsn", apply_as_deletes="op = 'd'", phase_hook=hook)
 
     def for_each_batch(batch: DataFrame, batch_id: int) -> None:
-        current["batch"] = batch_id
+        kill.batch = batch_id
         sink(batch, batch_id)
         with open(args.progress, "a") as handle:
             handle.write(json.dumps(sink.lastProgress) + "\n")
-        die_if("after_commit")
+        kill.die_if("after_commit")
 
     query = (spark.readStream.schema(SCHEMA).option("maxFilesPerTrigger", 1).json(args.source)
              .writeStream.foreachBatch(for_each_batch).option("checkpointLocation", args.checkpoint)
