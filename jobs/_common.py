@@ -47,8 +47,9 @@ class ChangeSettings:
     deletion_vectors: bool = False
     # New tables record Delta's change data feed, for jobs downstream (jobs/cdf_chain.py)
     change_data_feed: bool = False
-    # The local driver JVM's JIT (--jit): late-c2 (C2 for code that stays hot), tiered (the JVM's default), c1
-    driver_jit: str = "late-c2"
+    # The local driver JVM's JIT (--jit): auto (c1 with --available-now, else late-c2), late-c2 (C2 only for
+    # code that stays hot), tiered (the JVM's default), c1 (C1 only)
+    driver_jit: str = "auto"
 
 
 class MalformedRecordsError(StreamingMergeError):

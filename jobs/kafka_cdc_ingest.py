@@ -59,7 +59,7 @@ from jobs._common import (
 )
 
 log = logging.getLogger("jobs.kafka_cdc_ingest")  # a stable name under `python -m` too
-JIT_POLICIES = ("late-c2", "tiered", "c1")
+JIT_POLICIES = ("auto", "c1", "late-c2", "tiered")
 mark("job_imports_done")
 
 
@@ -228,6 +228,17 @@ def start(spark: SparkSession, config: IngestConfig,
                        config.checkpoint)
 
 
+def driver_jit(config: ChangeSettings) -> str:
+    """The ``--jit`` policy the job's session gets: ``auto`` is ``c1`` for an ``--available-now``
+    run (it ends once it has caught up: on 2 cores C1 alone took a restart to its first MERGE in
+    7.0 s, late-c2 in 9.5 s, the JVM's tiered default in 10.1 s; bench/startup.py) and
+    ``late-c2`` for a run that goes on (C1 alone stays slower once warm, see
+    ``session._short_run_conf``)."""
+    if config.driver_jit != "auto":
+        return config.driver_jit
+    return "c1" if config.available_now else "late-c2"
+
+
 def parse_args(argv: list[str] | None) -> tuple[IngestConfig | DatabaseConfig, str, dict[str, str]]:
     """The single-table config (``--topics``) or the multi-table one (``--subscribe-pattern``)."""
     from jobs._database import DEBEZIUM_TOPIC_REGEX, DEFAULT_TABLE_PATH_TEMPLATE  # it imports this module
@@ -286,10 +297,12 @@ def parse_args(argv: list[str] | None) -> tuple[IngestConfig | DatabaseConfig, s
                         help="create new target tables with deletion vectors (delta.enableDeletionVectors=true): "
                         "each upsert marks the replaced rows deleted and writes only the changed rows, instead of "
                         "rewriting the files it touches (existing tables keep their setting)")
-    parser.add_argument("--jit", choices=JIT_POLICIES, default="late-c2",
-                        help="the local driver JVM's JIT compilers: late-c2 (default: the optimizing compiler only "
-                        "for code that stays hot, faster starts and restarts), tiered (the JVM's default), c1 (the "
-                        "fast compiler only: fastest start, slower long runs); ignored under spark-submit")
+    parser.add_argument("--jit", choices=JIT_POLICIES, default="auto",
+                        help="the local driver JVM's JIT compilers: c1 (the fast compiler only: the fastest start, "
+                        "slower long runs), late-c2 (the optimizing compiler only for code that stays hot: faster "
+                        "starts and restarts than tiered, as fast once warm), tiered (the JVM's default); auto "
+                        "(default): c1 with --available-now (the run ends once it has caught up; choose late-c2 "
+                        "for a large backlog), late-c2 otherwise. Ignored under spark-submit")
     parser.add_argument("--spark-conf", action="append", default=[], metavar="KEY=VALUE",
                         help="Spark setting for the job's session, e.g. spark.hadoop.fs.s3a.endpoint=http://minio:9000 "
                         "(repeatable; under spark-submit use its own --conf)")
@@ -371,8 +384,9 @@ def main(argv: list[str] | None = None) -> int:
     logging.getLogger("py4j").setLevel(logging.WARNING)
     logging.getLogger("kafka").setLevel(logging.WARNING)
     mark("main")
-    spark = local_session("kafka_cdc_ingest", master, extra_conf=spark_conf, short_run=config.driver_jit == "c1",
-                          late_c2=config.driver_jit == "late-c2")
+    jit = driver_jit(config)
+    spark = local_session("kafka_cdc_ingest", master, extra_conf=spark_conf, short_run=jit == "c1",
+                          late_c2=jit == "late-c2")
     mark("session_ready", **jvm_state(spark))
     if isinstance(config, IngestConfig):
         query = start(spark, config)

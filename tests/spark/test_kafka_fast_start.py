@@ -1,0 +1,49 @@
+"""What the Kafka job does ahead of its first batch while its query starts (jobs.kafka_cdc_ingest's
+_prepare_first_batch): no records read by an executor Python worker (kafka.source.warm_up_records)
+and decoded, and the decode plan built before the first batch (debezium.prepare_decode)."""
+
+from __future__ import annotations
+
+import pytest
+from pyspark.sql import SparkSession
+from pyspark.sql.types import StructType
+
+from streaming_merge.kafka import debezium, source
+
+
+def test_warm_up_records_are_no_records_of_the_sources_columns_once_per_context(
+        spark: SparkSession, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(source, "_warmed_up", set())
+    records = source.warm_up_records(spark)
+    assert records is not None
+    assert records.schema == StructType.fromDDL(source.SCHEMA)
+    row_schema = StructType.fromDDL("id long, v string")
+    decoded = debezium.decode_batch(records, row_schema, keys=["id"])
+    try:
+        assert (decoded.num_records, decoded.num_malformed, decoded.events.count()) == (0, 0, 0)
+    finally:
+        decoded.release()
+    assert source.warm_up_records(spark) is None, "the worker is readied once per SparkContext"
+
+
+def test_the_decode_plan_prepared_ahead_is_the_one_the_first_batch_uses(
+        spark: SparkSession, monkeypatch: pytest.MonkeyPatch) -> None:
+    built: list[StructType] = []
+    stage = debezium._stage
+
+    def counted(row_schema: StructType, *args: object) -> object:
+        built.append(row_schema)
+        return stage(row_schema, *args)
+
+    monkeypatch.setattr(debezium, "_stage", counted)
+    row_schema = StructType.fromDDL("id long, v string, prepared_ahead int")
+    debezium.prepare_decode(spark, row_schema, keys=["id"])
+    assert built == [row_schema]
+    value = b'{"op": "c", "after": {"id": 1, "v": "a", "prepared_ahead": 7}, "source": {"lsn": 3}}'
+    records = spark.createDataFrame([(b"1", value, "t", 0, 0, None, 0, [])], source.SCHEMA)
+    decoded = debezium.decode_batch(records, row_schema, keys=["id"])
+    try:
+        assert [(r["id"], r["v"], r["prepared_ahead"]) for r in decoded.events.collect()] == [(1, "a", 7)]
+    finally:
+        decoded.release()
+    assert built == [row_schema], "the first batch reused the prepared plan"
