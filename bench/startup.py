@@ -1,7 +1,7 @@
 """Where a start and a restart spend their time, beside a bare SparkSession in the same run.
 
-    .venv/bin/python -m bench.startup                 # 3 rounds of the defaults and of the JVM's defaults
-    .venv/bin/python -m bench.startup --repeat 5 --variants archive:late-c2,archive:c1,plain:tiered --idle
+    .venv/bin/python -m bench.startup                 # 3 rounds: the job's defaults, late-c2, the JVM's defaults
+    .venv/bin/python -m bench.startup --repeat 5 --variants archive:auto,archive:tiered,plain:tiered --idle
     .venv/bin/python -m bench.startup --before /tmp/old-checkout   # also the CLI of another checkout
 
 Each round runs, one after the other (their order rotates from round to round):
@@ -11,8 +11,9 @@ Each round runs, one after the other (their order rotates from round to round):
 - ``bare+archive``: the same with the driver class archive of ``streaming_merge.session``
   (``-XX:SharedArchiveFile``), what the archive alone does to Spark's own start.
 - per variant ``ARCHIVE:JIT`` (``archive``: the jobs' default, ``plain``:
-  ``STREAMING_MERGE_CLASS_ARCHIVE=0``; JIT: the CLI's ``--jit``, ``late-c2`` by default,
-  ``tiered`` the JVM's own) and, with ``--before DIR``, ``before`` (the CLI of the checkout in
+  ``STREAMING_MERGE_CLASS_ARCHIVE=0``; JIT: the CLI's ``--jit``: ``auto``, its default, is
+  ``c1`` for these ``--available-now`` runs; ``late-c2`` is what a run that goes on gets;
+  ``tiered`` is the JVM's own) and, with ``--before DIR``, ``before`` (the CLI of the checkout in
   DIR, e.g. the commit before this work, with its own code): ``cli-fresh``, the Kafka CLI
   (``python -m jobs.kafka_cdc_ingest --available-now``) on a new 20-record topic of Debezium
   change events with a new checkpoint and table, from process start to exit; then 20 more
@@ -308,8 +309,9 @@ def ensure_archive(broker: Any, scratch: Path) -> float | None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeat", type=int, default=3, help="rounds (medians over them)")
-    parser.add_argument("--variants", default="archive:late-c2,plain:tiered",
-                        help="CLI variants ARCHIVE:JIT, ARCHIVE archive|plain, JIT late-c2|tiered|c1")
+    parser.add_argument("--variants", default="archive:auto,archive:late-c2,plain:tiered",
+                        help="CLI variants ARCHIVE:JIT, ARCHIVE archive|plain, JIT the CLI's --jit "
+                        "(auto: c1 here, the runs are --available-now; late-c2 is what a run that goes on gets)")
     parser.add_argument("--before", default=None, help="also the CLI of the checkout in this folder ('before')")
     parser.add_argument("--records", type=int, default=20, help="records per topic and per restart")
     parser.add_argument("--idle", action="store_true", help="also the CLI on the checkpoint with nothing new")
@@ -324,8 +326,8 @@ def main(argv: list[str] | None = None) -> int:
     variants: list[tuple[str, bool, list[str], Path]] = []  # (name, archive, extra CLI args, checkout)
     for item in filter(None, (v.strip() for v in args.variants.split(","))):
         archive_mode, _, jit = item.partition(":")
-        if archive_mode not in ("archive", "plain") or jit not in ("late-c2", "tiered", "c1"):
-            parser.error(f"--variants: {item!r} is not ARCHIVE:JIT (archive|plain : late-c2|tiered|c1)")
+        if archive_mode not in ("archive", "plain") or jit not in ("auto", "late-c2", "tiered", "c1"):
+            parser.error(f"--variants: {item!r} is not ARCHIVE:JIT (archive|plain : auto|late-c2|tiered|c1)")
         variants.append((f"{archive_mode}, {jit}", archive_mode == "archive", ["--jit", jit], ROOT))
     if args.before:
         variants.append(("before", False, [], Path(args.before).resolve()))
