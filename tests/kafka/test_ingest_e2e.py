@@ -325,7 +325,7 @@ def test_on_malformed_fail_stops_the_query_and_leaves_the_table_unchanged(
         run_available_now(spark, config)
 
     text = failure_text(failure.value)
-    assert "jobs.kafka_cdc_ingest.MalformedRecordsError: Batch 1: 1 Kafka record(s) could not be decoded" in text
+    assert "jobs._common.MalformedRecordsError: Batch 1: 1 Kafka record(s) could not be decoded" in text
     cause = getattr(failure.value, "_cause", None)
     if cause is not None:
         assert "MalformedRecordsError" in failure_text(cause)
