@@ -300,7 +300,7 @@ def parse_args(argv: list[str] | None) -> tuple[IngestConfig | DatabaseConfig, s
     parser.add_argument("--jit", choices=JIT_POLICIES, default="auto",
                         help="the local driver JVM's JIT compilers: c1 (the fast compiler only: the fastest start, "
                         "slower long runs), late-c2 (the optimizing compiler only for code that stays hot: faster "
-                        "starts and restarts than tiered, as fast once warm), tiered (the JVM's default); auto "
+                        "starts and restarts than tiered, hot code still optimized), tiered (the JVM's default); auto "
                         "(default): c1 with --available-now (the run ends once it has caught up; choose late-c2 "
                         "for a large backlog), late-c2 otherwise. Ignored under spark-submit")
     parser.add_argument("--spark-conf", action="append", default=[], metavar="KEY=VALUE",
