@@ -313,6 +313,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="CLI variants ARCHIVE:JIT, ARCHIVE archive|plain, JIT the CLI's --jit "
                         "(auto: c1 here, the runs are --available-now; late-c2 is what a run that goes on gets)")
     parser.add_argument("--before", default=None, help="also the CLI of the checkout in this folder ('before')")
+    parser.add_argument("--before-variant", default=None, help="ARCHIVE:JIT for 'before' (default: no archive and "
+                        "its own --jit default, for a checkout older than both); the same as a --variants entry "
+                        "makes an A/B of one change")
     parser.add_argument("--records", type=int, default=20, help="records per topic and per restart")
     parser.add_argument("--idle", action="store_true", help="also the CLI on the checkpoint with nothing new")
     parser.add_argument("--no-bare-archive", action="store_true", help="skip bare+archive")
@@ -323,14 +326,20 @@ def main(argv: list[str] | None = None) -> int:
     if args.probe_bare:
         probe_bare(args.archive_probe)
         return 0
-    variants: list[tuple[str, bool, list[str], Path]] = []  # (name, archive, extra CLI args, checkout)
-    for item in filter(None, (v.strip() for v in args.variants.split(","))):
+    def variant(item: str, option: str) -> tuple[bool, list[str]]:
         archive_mode, _, jit = item.partition(":")
         if archive_mode not in ("archive", "plain") or jit not in ("auto", "late-c2", "tiered", "c1"):
-            parser.error(f"--variants: {item!r} is not ARCHIVE:JIT (archive|plain : auto|late-c2|tiered|c1)")
-        variants.append((f"{archive_mode}, {jit}", archive_mode == "archive", ["--jit", jit], ROOT))
+            parser.error(f"{option}: {item!r} is not ARCHIVE:JIT (archive|plain : auto|late-c2|tiered|c1)")
+        return archive_mode == "archive", ["--jit", jit]
+
+    variants: list[tuple[str, bool, list[str], Path]] = []  # (name, archive, extra CLI args, checkout)
+    for item in filter(None, (v.strip() for v in args.variants.split(","))):
+        archive, extra = variant(item, "--variants")
+        variants.append((item.replace(":", ", "), archive, extra, ROOT))
     if args.before:
-        variants.append(("before", False, [], Path(args.before).resolve()))
+        archive, extra = variant(args.before_variant, "--before-variant") if args.before_variant else (False, [])
+        variants.append((f"before, {args.before_variant}" if args.before_variant else "before", archive, extra,
+                         Path(args.before).resolve()))
     from streaming_merge.kafka.broker import EmbeddedKafka
 
     scratch = Path(tempfile.mkdtemp(prefix="startup_bench_"))

@@ -69,6 +69,7 @@ from streaming_merge.cdf.plan import (
     to_epoch_ms,
     version_changes,
 )
+from streaming_merge.spark.python_sources import register_data_source
 from streaming_merge.table.deletion_vectors import DeletionVector
 from streaming_merge.table.dv_log import live_adds
 from streaming_merge.table.location import TableLocation, resolve
@@ -502,6 +503,6 @@ class DeltaChangesDataSource(DataSource):
 
 def register(spark: Any) -> str:
     """Register the source with ``spark``; returns its short name for ``format(...)``."""
-    spark.dataSource.register(DeltaChangesDataSource)
+    register_data_source(spark, DeltaChangesDataSource)
     return SHORT_NAME
 

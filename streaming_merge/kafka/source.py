@@ -47,6 +47,7 @@ from streaming_merge.kafka._clients import (
     resolve_client_kind,
     translate_options,
 )
+from streaming_merge.spark.python_sources import register_data_source
 from streaming_merge.spark.startup_marks import mark
 
 __all__ = [
@@ -353,7 +354,7 @@ class KafkaDataSource(DataSource):
 
 def register(spark: Any) -> str:
     """Register the source with ``spark``; returns its short name for ``format(...)``."""
-    spark.dataSource.register(KafkaDataSource)
+    register_data_source(spark, KafkaDataSource)
     return SHORT_NAME
 
 

@@ -4,11 +4,14 @@ and decoded, and the decode plan built before the first batch (debezium.prepare_
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from pyspark.sql import SparkSession
 from pyspark.sql.types import StructType
 
 from streaming_merge.kafka import debezium, source
+from streaming_merge.spark import python_sources
 
 
 def test_warm_up_records_are_no_records_of_the_sources_columns_once_per_context(
@@ -47,3 +50,28 @@ def test_the_decode_plan_prepared_ahead_is_the_one_the_first_batch_uses(
     finally:
         decoded.release()
     assert built == [row_schema], "the first batch reused the prepared plan"
+
+
+def test_registering_a_source_answers_sparks_search_for_installed_sources_from_the_driver(
+        spark: SparkSession) -> None:
+    """The search would start a Python process of its own; with this interpreter and no
+    ``pyspark_*`` module on its path it finds nothing, so the driver says so (and the source
+    still registers and reads)."""
+    assert python_sources._lookup_would_find_nothing(spark), \
+        "the test session runs this interpreter (tests/conftest.py) with no pyspark_* module"
+    manager = python_sources._manager(spark)
+    getattr(manager, "dataSourceBuilders_$eq")(spark._jvm.scala.Option.empty())  # as in a new JVM
+    python_sources.register_data_source(spark, source.KafkaDataSource)
+    assert manager.dataSourceBuilders().isDefined()
+    assert manager.dataSourceBuilders().get().isEmpty()
+    assert spark._jsparkSession.sessionState().dataSourceManager().dataSourceExists(source.SHORT_NAME)
+
+
+def test_sparks_search_runs_as_usual_when_it_could_find_an_installed_source(
+        spark: SparkSession, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "pyspark_installed_elsewhere.py").write_text("")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert not python_sources._lookup_would_find_nothing(spark)
+    monkeypatch.undo()
+    monkeypatch.setattr(python_sources, "_same_interpreter", lambda command: False)
+    assert not python_sources._lookup_would_find_nothing(spark), "another interpreter may see other modules"

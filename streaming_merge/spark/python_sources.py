@@ -1,0 +1,67 @@
+"""Registering a Python data source without Spark's search for installed ones.
+
+The first registration in a JVM makes Spark search for data sources installed as ``pyspark_*``
+modules, and it starts a Python process of its own for that: 0.7-0.8 s here, on the critical
+path of every start and restart of a job whose source is a Python data source. When the
+interpreter Spark would start is the driver's own and nothing on its path could be such a
+module, that search can only find nothing, so we give Spark that answer instead. In any other
+case (another interpreter, extra Python files for the workers, a ``pyspark_*`` module present)
+Spark searches as it always does.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import pkgutil
+import shutil
+import sys
+from typing import Any
+
+from pyspark.sql import SparkSession
+
+from streaming_merge.spark.jvm import jvm_class
+
+_MANAGER = "org.apache.spark.sql.execution.datasources.DataSourceManager$"
+_INSTALLED_PREFIX = "pyspark_"  # what Spark's lookup worker imports (pyspark.sql.worker.lookup_data_sources)
+
+
+def register_data_source(spark: SparkSession, source: type[Any]) -> None:
+    """``spark.dataSource.register(source)``, answering Spark's one-off search for installed
+    Python data sources from the driver when it provably finds nothing."""
+    with contextlib.suppress(Exception):  # a Spark without this internal searches as usual
+        _answer_installed_lookup(spark)
+    spark.dataSource.register(source)
+
+
+def _answer_installed_lookup(spark: SparkSession) -> None:
+    manager = _manager(spark)
+    if manager.dataSourceBuilders().isDefined() or not _lookup_would_find_nothing(spark):
+        return
+    empty = jvm_class(spark, "java.lang.Class").forName("scala.collection.immutable.Map$") \
+        .getField("MODULE$").get(None).empty()
+    getattr(manager, "dataSourceBuilders_$eq")(jvm_class(spark, "scala.Some")(empty))
+
+
+def _manager(spark: SparkSession) -> Any:
+    return jvm_class(spark, "java.lang.Class").forName(_MANAGER).getField("MODULE$").get(None)
+
+
+def _lookup_would_find_nothing(spark: SparkSession) -> bool:
+    """True when Spark's lookup would run this interpreter on no more than this process's path,
+    and that path holds no ``pyspark_*`` module."""
+    conf = spark.sparkContext.getConf()
+    if conf.get("spark.submit.pyFiles") or conf.get("spark.pyspark.python"):
+        return False
+    system = jvm_class(spark, "java.lang.System")
+    worker_python = system.getenv("PYSPARK_PYTHON") or system.getenv("PYSPARK_DRIVER_PYTHON") or "python3"
+    if not _same_interpreter(worker_python):
+        return False
+    return not any(module.name.startswith(_INSTALLED_PREFIX) for module in pkgutil.iter_modules())
+
+
+def _same_interpreter(command: str) -> bool:
+    """Whether ``command`` starts this very interpreter: compared by path, not resolved through
+    symlinks, since a virtualenv's python is a link to the system one with another path."""
+    found = shutil.which(command)
+    return found is not None and os.path.abspath(found) == os.path.abspath(sys.executable)
