@@ -30,7 +30,8 @@ from streaming_merge.cdf.errors import ChangeDataFeedError
 from streaming_merge.cdf.plan import ChangeFile, ChangePlan
 from streaming_merge.cdf.rows import physical_rows, selected_positions
 from streaming_merge.errors import DeltaTableError
-from streaming_merge.table.dv_filter import bitset_membership, long_array
+from streaming_merge.spark.constant_lookup import long_array, lookup
+from streaming_merge.table.dv_filter import bitset_membership
 from streaming_merge.table.file_ids import FileIds
 from streaming_merge.table.scan import _read_parquet
 from streaming_merge.table.schema import data_columns
@@ -108,8 +109,8 @@ def _scan(spark: SparkSession, snapshot: Snapshot, files: list[ChangeFile],
     file_id = ids.column("_metadata.file_size", "_metadata.file_path")
     if drops:
         sets = {ids.ids[i]: drop for i, drop in drops.items()}
-        frame = frame.filter(~bitset_membership(file_id, F.col("_metadata.row_index"), sets))
-    position = F.array_position(long_array(list(ids.ids)), file_id).cast("int")
+        frame = frame.filter(~bitset_membership(spark, file_id, F.col("_metadata.row_index"), sets))
+    position = lookup(spark, list(ids.ids), list(range(1, len(ids.ids) + 1)), file_id).cast("int")
     per_file = _PerFile(position)
     columns: list[Column] = []
     for column in snapshot.schema.fields:
@@ -145,7 +146,7 @@ class _PerFile:
     def longs(self, values: list[int]) -> Column:
         if len(set(values)) == 1:
             return F.lit(values[0]).cast("long")
-        return self._at(long_array(values))
+        return self._at(long_array(None, values))
 
     def strings(self, values: list[str | None]) -> Column:
         if len(set(values)) == 1:

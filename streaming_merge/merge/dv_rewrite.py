@@ -54,9 +54,10 @@ from streaming_merge.merge.rewrite import (
     write_frame,
 )
 from streaming_merge.merge.touched import FILE_ID_COL, MAX_REPORTED_ROWS, MULTIPLE_MATCH_MESSAGE, scan_with_file_ids
+from streaming_merge.spark.constant_lookup import lookup
 from streaming_merge.spark.profile import phase
 from streaming_merge.spark.slots import task_slots
-from streaming_merge.table.dv_filter import deleted_positions, long_array
+from streaming_merge.table.dv_filter import deleted_positions
 from streaming_merge.table.file_ids import FileIds
 from streaming_merge.table.snapshot import DataFile, Snapshot
 from streaming_merge.table.spark_paths import ROW_INDEX_COL
@@ -139,7 +140,7 @@ def write_changes_with_deletion_vectors(
            .alias(resolved.source_alias).withColumn(SOURCE_PRESENT, F.lit(True)))
     tgt = target.alias(resolved.target_alias).withColumn(TARGET_PRESENT, F.lit(True))
     observation = Observation()
-    position = F.array_position(long_array(ids.ids), F.col(FILE_ID_COL))
+    position = lookup(spark, ids.ids, list(range(1, len(ids.ids) + 1)), F.col(FILE_ID_COL))
     if broadcast_source:
         output = _streamed_past_source(spark, resolved, tgt, src, layout, observation, position)
     else:  # a source too large to broadcast: one shuffled join, source rows preserved for the inserts
