@@ -16,6 +16,7 @@ from pathlib import Path
 from pyspark.sql import SparkSession
 
 from streaming_merge.spark import class_archive as _class_archive
+from streaming_merge.spark.answers_at_once import answer_at_once
 
 log = logging.getLogger(__name__)
 
@@ -89,6 +90,7 @@ def local_session(
     if archive_build is not None:
         archive_build.started(spark)
     spark.sparkContext.setLogLevel("ERROR")
+    answer_at_once(spark)
     return spark
 
 

@@ -34,6 +34,7 @@ from streaming_merge.merge.metrics import MetricsMapping
 from streaming_merge.merge.rewrite import FileLayout
 from streaming_merge.merge.skipping import ColumnScope, SkippingPlan, target_only_conjuncts
 from streaming_merge.optimize.predicate import check_partition_only, files_matching
+from streaming_merge.spark.answers_at_once import answer_at_once
 from streaming_merge.spark.conf import temporary_conf
 from streaming_merge.spark.slots import task_slots
 from streaming_merge.table.commit import CommitRequest, commit_with_deletion_vectors
@@ -124,6 +125,7 @@ def plan_dml(spark: SparkSession, location: TableLocation, alias: str, condition
     against each file's partition values and min/max/null-count stats; a condition over
     partition columns only is decided exactly per partition (optimize.predicate.files_matching),
     which for a DELETE removes whole files without reading them, as Delta's metadata-only delete."""
+    answer_at_once(spark)
     snapshot = load_snapshot(location)
     check_writable(snapshot)
     check_partition_columns(snapshot.schema, snapshot.partition_columns)

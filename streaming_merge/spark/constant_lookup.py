@@ -19,14 +19,17 @@ import contextlib
 import functools
 import itertools
 import json
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 from pyspark.sql import Column, SparkSession
 from pyspark.sql import functions as F
 
 from streaming_merge.spark.jvm import jvm_class
+from streaming_merge.spark.per_context import PerContext
 
 # Up to this many keys a scan of the list is as cheap as hashing.
 _SCAN_AT_MOST = 8
@@ -53,16 +56,37 @@ def long_array(spark: SparkSession | None, values: Sequence[int] | np.ndarray) -
 
 
 def _unsafe_long_array(spark: SparkSession, values: np.ndarray) -> Column:
-    buffer = jvm_class(spark, "java.nio.ByteBuffer").wrap(bytearray(values.tobytes()))
-    buffer.order(jvm_class(spark, "java.nio.ByteOrder").LITTLE_ENDIAN)
-    longs = jvm_class(spark, "java.lang.reflect.Array").newInstance(jvm_class(spark, "java.lang.Long").TYPE,
-                                                                     len(values))
-    buffer.asLongBuffer().get(longs)
-    data = jvm_class(spark, "org.apache.spark.sql.catalyst.expressions.UnsafeArrayData").fromPrimitiveArray(longs)
-    types = jvm_class(spark, "org.apache.spark.sql.types.DataTypes")
-    literal = jvm_class(spark, "org.apache.spark.sql.catalyst.expressions.Literal")(
-        data, types.createArrayType(types.LongType, False))
+    """The values laid out as Spark's UnsafeArrayData lays out a long array (its element count,
+    a NULL bit per element, the elements; little-endian as the JVM's memory here), sent as one
+    byte array that an UnsafeArrayData points to: 4 JVM calls whatever the size."""
+    if sys.byteorder != "little":
+        raise NotImplementedError("the layout below is little-endian")
+    count = len(values)
+    layout = np.zeros(1 + (count + 63) // 64 + count, dtype="<i8")
+    layout[0] = count
+    layout[len(layout) - count:] = values
+    handles = _handles.get(spark.sparkContext, "long_array", lambda: _LongArrayHandles.of(spark))
+    data = jvm_class(spark, "org.apache.spark.sql.catalyst.expressions.UnsafeArrayData")()
+    data.pointTo(bytearray(layout.tobytes()), handles.byte_array_offset, layout.nbytes)
+    literal = jvm_class(spark, "org.apache.spark.sql.catalyst.expressions.Literal")(data, handles.data_type)
     return Column(jvm_class(spark, "org.apache.spark.sql.classic.ExpressionUtils").column(literal))
+
+
+@dataclass(frozen=True)
+class _LongArrayHandles:
+    """What every long array literal of a JVM shares."""
+
+    byte_array_offset: int
+    data_type: Any
+
+    @classmethod
+    def of(cls, spark: SparkSession) -> _LongArrayHandles:
+        types = jvm_class(spark, "org.apache.spark.sql.types.DataTypes")
+        return cls(int(jvm_class(spark, "org.apache.spark.unsafe.Platform").BYTE_ARRAY_OFFSET),
+                   types.createArrayType(types.LongType, False))
+
+
+_handles: PerContext[_LongArrayHandles] = PerContext(limit=8)
 
 
 @dataclass(frozen=True)
