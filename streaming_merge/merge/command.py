@@ -72,10 +72,9 @@ from streaming_merge.merge.skipping import (
     source_stats_of,
 )
 from streaming_merge.merge.touched import TouchedFiles, find_touched_files
-from streaming_merge.spark.answers_at_once import answer_at_once
+from streaming_merge.spark.answers_at_once import ready_driver_thread
 from streaming_merge.spark.conf import temporary_conf
 from streaming_merge.spark.interpreted import interpreted_if_small, rows_of
-from streaming_merge.spark.jvm import remember_pyspark_lookups
 from streaming_merge.spark.profile import phase
 from streaming_merge.table.commit import CommitRequest, add_columns, commit_with_deletion_vectors
 from streaming_merge.table.location import TableLocation
@@ -146,8 +145,7 @@ def _millis_since(start: float) -> int:
 
 def run_merge(spark: SparkSession, request: MergeRequest) -> MergeMetrics:
     """Run the MERGE, rerunning it when a materialized source or checkpoint lost blocks."""
-    remember_pyspark_lookups(spark)
-    answer_at_once(spark)
+    ready_driver_thread(spark)
     clauses = ClauseSet.of(request.clauses)
     clauses.validate()
     options = request.options

@@ -39,9 +39,8 @@ from streaming_merge.merge.materialize import (
 )
 from streaming_merge.merge.metrics import DELTA_METRICS, MergeMetrics
 from streaming_merge.merge.skipping import SourceStats
-from streaming_merge.spark.answers_at_once import answer_at_once
+from streaming_merge.spark.answers_at_once import ready_driver_thread
 from streaming_merge.spark.interpreted import interpreted_if_small, rows_of
-from streaming_merge.spark.jvm import remember_pyspark_lookups
 from streaming_merge.spark.slots import task_slots
 from streaming_merge.streaming.arguments import (
     ColumnArg,
@@ -292,8 +291,7 @@ class MergeSink:
         materialization, which counts the rows, can run interpreted."""
         started = time.monotonic()
         spark = batch_df.sparkSession
-        remember_pyspark_lookups(spark)
-        answer_at_once(spark)
+        ready_driver_thread(spark)
         self._bind(spark)
         app_id = self._resolve_app_id(spark)
         lost = conflicts = 0  # attempts that lost their materialized blocks; reruns after a conflict

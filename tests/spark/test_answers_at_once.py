@@ -11,8 +11,8 @@ from streaming_merge.spark import answers_at_once
 
 
 def _jvm_no_delay(spark: SparkSession) -> bool:
-    client = answers_at_once._python_client(spark)
-    return bool(client.getPerThreadConnection().getSocket().getTcpNoDelay())
+    ours = answers_at_once._thread_connection(spark)
+    return bool(answers_at_once.jvm_connection(spark, ours).getSocket().getTcpNoDelay())
 
 
 def test_the_jvm_answers_every_thread_it_serves_at_once(spark: SparkSession) -> None:
