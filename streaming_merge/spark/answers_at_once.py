@@ -8,15 +8,18 @@ MERGE reads its observed row positions as one text; plans, schemas and progress 
 py4j does not set TCP_NODELAY, so we set it on the JVM's end of each connection we use.
 
 PySpark pins a py4j connection to each Python thread; the JVM's end of it is the one of the
-gateway's connections whose peer port is the Python end's own. The Python end is marked once
-done, so the check costs an attribute read afterwards. Not reached: the connection a ``foreachBatch``
-callback's thread calls back on, which the JVM opened and keeps in a pool of its own, not as
-the thread's (py4j offers no way to it); those answers still wait.
+gateway's connections whose peer port is the Python end's own. The Python end is marked once,
+so the check costs an attribute read afterwards. Out of reach: the connection a
+``foreachBatch`` callback's thread calls back on, which the JVM opened for its own thread and
+keeps nowhere py4j lets us look (neither its callback pool nor the thread's connection, checked
+here); those answers still wait.
 """
 
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from pyspark.sql import SparkSession
@@ -25,7 +28,7 @@ from streaming_merge.spark.jvm import jvm_class, remember_pyspark_lookups
 from streaming_merge.spark.per_context import PerContext
 
 _MARK = "_streaming_merge_no_delay"
-_connections: PerContext[Any] = PerContext(limit=8)
+_connections: PerContext[_GatewayParts] = PerContext(limit=8)
 
 
 def ready_driver_thread(spark: SparkSession) -> None:
@@ -43,11 +46,21 @@ def answer_at_once(spark: SparkSession) -> None:
     if ours is None or getattr(ours, _MARK, False):
         return
     with contextlib.suppress(Exception):
-        jvm_end = jvm_connection(spark, ours)
-        if jvm_end is None:  # a callback's connection (see above)
+        client = spark.sparkContext._gateway._gateway_client  # type: ignore[union-attr]
+        if ours.socket.getpeername()[1] != client.java_parameters.port:  # the JVM opened it: a callback's
+            setattr(ours, _MARK, True)  # out of reach (see above): do not look again
             return
-        jvm_end.getSocket().setTcpNoDelay(True)
-        setattr(ours, _MARK, True)
+        jvm_end = _find(_parts(spark).opened_by_python, lambda socket: socket.getPort(), ours.socket.getsockname()[1])
+        if jvm_end is not None:
+            jvm_end.getSocket().setTcpNoDelay(True)
+            setattr(ours, _MARK, True)
+
+
+def _find(connections: Any, port_of: Callable[[Any], int], port: int) -> Any:
+    for connection in connections.toArray():
+        if port_of(connection.getSocket()) == port:
+            return connection
+    return None
 
 
 def _thread_connection(spark: SparkSession) -> Any:
@@ -60,27 +73,23 @@ def _thread_connection(spark: SparkSession) -> Any:
     return client.get_thread_connection()
 
 
-def jvm_connection(spark: SparkSession, ours: Any) -> Any:
-    """The JVM's end of the connection Python opened as ``ours``: the one of the gateway's
-    connections whose peer port is ours; None for a connection the JVM opened (a callback's)."""
-    port = ours.socket.getsockname()[1]
-    for connection in _server_connections(spark).toArray():
-        if connection.getSocket().getPort() == port:
-            return connection
-    return None
+@dataclass(frozen=True)
+class _GatewayParts:
+    opened_by_python: Any  # py4j GatewayServer.connections: one per Python thread
 
 
-def _server_connections(spark: SparkSession) -> Any:
-    """The gateway's list of the connections Python opened (py4j's GatewayServer.connections),
-    reached through the connection serving this call's JVM thread."""
-    def find() -> Any:
+def _parts(spark: SparkSession) -> _GatewayParts:
+    """The gateway's connection lists, reached (once per SparkContext) through the connection
+    serving this call's JVM thread, which must be one Python opened."""
+    def find() -> _GatewayParts:
         classes = jvm_class(spark, "java.lang.Class")
-        target = classes.forName("java.lang.Thread").getDeclaredField("target")
-        target.setAccessible(True)
-        server_field = classes.forName("py4j.ClientServerConnection").getDeclaredField("javaServer")
-        server_field.setAccessible(True)
-        connections = classes.forName("py4j.GatewayServer").getDeclaredField("connections")
-        connections.setAccessible(True)
-        current = target.get(jvm_class(spark, "java.lang.Thread").currentThread())
-        return connections.get(server_field.get(current))
-    return _connections.get(spark.sparkContext, "connections", find)
+
+        def field(class_name: str, name: str) -> Any:
+            found = classes.forName(class_name).getDeclaredField(name)
+            found.setAccessible(True)
+            return found
+
+        current = field("java.lang.Thread", "target").get(jvm_class(spark, "java.lang.Thread").currentThread())
+        server = field("py4j.ClientServerConnection", "javaServer").get(current)
+        return _GatewayParts(field("py4j.GatewayServer", "connections").get(server))
+    return _connections.get(spark.sparkContext, "parts", find)
