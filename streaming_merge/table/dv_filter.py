@@ -28,11 +28,13 @@ from pyspark.sql import Column, SparkSession
 from pyspark.sql import functions as F
 
 from streaming_merge.spark.constant_lookup import ConstantTable, long_array
+from streaming_merge.spark.per_context import PerContext
 from streaming_merge.table.deletion_vectors import DeletionVector, read_deleted_rows
 from streaming_merge.table.file_ids import FileIds
 from streaming_merge.table.snapshot import DataFile, Snapshot
 
 _CACHE_BYTES = 256 * 1024 * 1024
+_built: PerContext[Column] = PerContext(limit=16)
 _cache: OrderedDict[tuple[str, str, str], np.ndarray] = OrderedDict()
 _cache_bytes = 0
 _lock = threading.Lock()
@@ -79,9 +81,18 @@ def deleted_row_column(spark: SparkSession, snapshot: Snapshot, files: Sequence[
     with_vectors = [i for i, f in enumerate(files) if f.deletion_vector is not None]
     if not with_vectors:
         return None
-    ids = FileIds.of(spark, snapshot, files)
-    sets = {ids.ids[i]: (deleted_positions(snapshot, files[i]), files[i].num_records or 0) for i in with_vectors}
-    return bitset_membership(spark, ids.column(size_column, path_column), F.col(row_index_column), sets)
+    # The same files with the same vectors give the same test: built once (a scan of a version
+    # read again, a sink's lookups of the files a batch did not touch), not per scan.
+    key = (snapshot.location.log_uri, size_column, path_column, row_index_column,
+           tuple((f.path, f.size, f.num_records,
+                  None if f.deletion_vector is None else f.deletion_vector.unique_id) for f in files))
+
+    def build() -> Column:
+        ids = FileIds.of(spark, snapshot, files)
+        sets = {ids.ids[i]: (deleted_positions(snapshot, files[i]), files[i].num_records or 0) for i in with_vectors}
+        return bitset_membership(spark, ids.column(size_column, path_column), F.col(row_index_column), sets)
+
+    return _built.get(spark.sparkContext, key, build)
 
 
 def bitset_membership(spark: SparkSession | None, key: Column, row: Column,
