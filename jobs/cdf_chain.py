@@ -35,7 +35,7 @@ from pyspark.sql.streaming import StreamingQuery
 
 from streaming_merge import MergeSink
 from streaming_merge.cdf import SHORT_NAME, register
-from streaming_merge.session import local_session
+from streaming_merge.session import local_session, stop_session
 from streaming_merge.streaming.sink import PhaseHook
 
 log = logging.getLogger("jobs.cdf_chain")
@@ -190,7 +190,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
     query.awaitTermination()
-    spark.stop()
+    stop_session(spark)
     return 0
 
 

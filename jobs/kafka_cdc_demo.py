@@ -33,7 +33,7 @@ from jobs import cdc_generator
 from jobs.kafka_cdc_ingest import IngestConfig, progress_line, start
 from streaming_merge.kafka.broker import EmbeddedKafka
 from streaming_merge.kafka.source import register
-from streaming_merge.session import local_session
+from streaming_merge.session import local_session, stop_session
 
 
 def _print_progress(table: str, progress: dict[str, Any]) -> None:
@@ -118,7 +118,7 @@ def run_demo(workdir: Path, events: int, keys: int, max_offsets: int, partitions
         verdicts.append(len(dead) == want_dead)
         print(f"dead-letter table: {len(dead)} records (expected {want_dead}); reasons: "
               f"{sorted({r['error'] for r in dead})}")
-    spark.stop()
+    stop_session(spark)
     return all(verdicts)
 
 

@@ -36,7 +36,7 @@ from streaming_merge.merge.materialize import (
     release,
     storage_level,
 )
-from streaming_merge.session import local_session
+from streaming_merge.session import local_session, stop_session
 from streaming_merge.spark.interpreted import DEFAULT_INTERPRETED_MAX_ROWS, interpreted_if_small
 from streaming_merge.spark.startup_marks import enabled, jvm_state, mark
 from streaming_merge.streaming.background import BackgroundCall
@@ -405,7 +405,7 @@ def main(argv: list[str] | None = None) -> int:
     query.awaitTermination()
     mark("query_terminated", **jvm_state(spark),
          progress=[p.json for p in query.recentProgress] if enabled() else None)
-    spark.stop()
+    stop_session(spark)
     mark("spark_stopped")
     return 0
 

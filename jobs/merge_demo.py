@@ -14,7 +14,7 @@ import tempfile
 import deltalake
 
 from streaming_merge import DeltaTable
-from streaming_merge.session import local_session
+from streaming_merge.session import local_session, stop_session
 
 EXPECTED = {
     1: ("alice", 120.0, "gold"),
@@ -62,7 +62,7 @@ def main(argv: list[str] | None = None) -> int:
     actual = {r["id"]: (r["name"], r["balance"], r["tier"]) for r in rows}
     verdict = actual == EXPECTED and metrics["num_affected_rows"] == 4
     print("VERDICT:", "PASS" if verdict else f"FAIL (expected {EXPECTED})")
-    spark.stop()
+    stop_session(spark)
     return 0 if verdict else 1
 
 

@@ -94,6 +94,26 @@ def local_session(
     return spark
 
 
+def stop_session(spark: SparkSession) -> None:
+    """``spark.stop()`` without PySpark's wait on its accumulator server.
+
+    Once a Python worker has run, the JVM holds a connection to the driver's accumulator server,
+    whose handler polls for a shutdown flag once a second in the server's only thread; stopping
+    the server waits for that poll: 0.25-0.65 s here of a job's exit, against 0.1 s for the rest
+    of the stop. After the SparkContext has stopped no update can come, so the flag is set, the
+    server closed, and its daemon thread left to end with the process."""
+    context = spark.sparkContext
+    server = getattr(context, "_accumulatorServer", None)
+    if server is not None:
+        server.server_shutdown = True
+        context._accumulatorServer = None  # type: ignore[assignment]  # SparkContext.stop would wait on it
+    try:
+        spark.stop()
+    finally:
+        if server is not None:
+            server.server_close()
+
+
 def _session_conf(master: str, extra_conf: Mapping[str, str], *, short_run: bool = False,
                   class_archive: bool | None = None, starts_jvm: bool = True, late_c2: bool = False
                   ) -> tuple[dict[str, str], _class_archive.Build | None]:
