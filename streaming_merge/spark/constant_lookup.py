@@ -3,10 +3,12 @@
 Reads that apply deletion vectors, and the deletion-vector MERGE, ask of every row which of a
 list of files it came from, by a number each row carries (its file's id). ``array_position`` over
 a literal list answers by a scan of the list: 20 files cost about a third of a 3M-row scan here,
-and the cost grows with the number of files. Instead the driver builds a two-level perfect hash
-(Fredman, Komlós and Szemerédi): a first modulus spreads the keys over buckets, each bucket has
-its own modulus under which its few keys fall in distinct slots, so a row costs two remainders
-and four array reads whatever the number of keys.
+and the cost grows with the number of files. Instead the driver builds a perfect hash: for up to
+128 keys, usually one modulus under which every key falls in a slot of its own (a row then costs
+one remainder and an array read or two); otherwise two levels (Fredman, Komlós and Szemerédi):
+a first modulus spreads the keys over buckets, each bucket has its own modulus under which its
+few keys fall in distinct slots, so a row costs two remainders and four array reads whatever the
+number of keys. Up to 8 keys, the list is scanned.
 
 The arrays are Spark literals backed by ``UnsafeArrayData``: a read is one memory load, where
 a literal parsed from JSON (or built from Python values) holds boxed numbers, and they reach
