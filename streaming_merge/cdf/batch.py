@@ -111,7 +111,7 @@ def _scan(spark: SparkSession, snapshot: Snapshot, files: list[ChangeFile],
         sets = {ids.ids[i]: drop for i, drop in drops.items()}
         frame = frame.filter(~bitset_membership(spark, file_id, F.col("_metadata.row_index"), sets))
     position = lookup(spark, list(ids.ids), list(range(1, len(ids.ids) + 1)), file_id).cast("int")
-    per_file = _PerFile(position)
+    per_file = _PerFile(spark, position)
     columns: list[Column] = []
     for column in snapshot.schema.fields:
         name = column.name
@@ -135,7 +135,8 @@ class _PerFile:
     """A value per file of the scan: a literal when all files share it, else a constant
     array read at the row's file position (which the scan then computes once per row)."""
 
-    def __init__(self, position: Column) -> None:
+    def __init__(self, spark: SparkSession, position: Column) -> None:
+        self._spark = spark
         self._position = position
         self.used = False
 
@@ -146,7 +147,7 @@ class _PerFile:
     def longs(self, values: list[int]) -> Column:
         if len(set(values)) == 1:
             return F.lit(values[0]).cast("long")
-        return self._at(long_array(None, values))
+        return self._at(long_array(self._spark, values))
 
     def strings(self, values: list[str | None]) -> Column:
         if len(set(values)) == 1:

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 from pyspark.sql import SparkSession
@@ -28,7 +27,7 @@ from streaming_merge.spark.jvm import jvm_class, remember_pyspark_lookups
 from streaming_merge.spark.per_context import PerContext
 
 _MARK = "_streaming_merge_no_delay"
-_connections: PerContext[_GatewayParts] = PerContext(limit=8)
+_connections: PerContext[Any] = PerContext(limit=8)
 
 
 def ready_driver_thread(spark: SparkSession) -> None:
@@ -50,7 +49,7 @@ def answer_at_once(spark: SparkSession) -> None:
         if ours.socket.getpeername()[1] != client.java_parameters.port:  # the JVM opened it: a callback's
             setattr(ours, _MARK, True)  # out of reach (see above): do not look again
             return
-        jvm_end = _find(_parts(spark).opened_by_python, lambda socket: socket.getPort(), ours.socket.getsockname()[1])
+        jvm_end = _find(_python_connections(spark), lambda socket: socket.getPort(), ours.socket.getsockname()[1])
         if jvm_end is not None:
             jvm_end.getSocket().setTcpNoDelay(True)
             setattr(ours, _MARK, True)
@@ -73,15 +72,11 @@ def _thread_connection(spark: SparkSession) -> Any:
     return client.get_thread_connection()
 
 
-@dataclass(frozen=True)
-class _GatewayParts:
-    opened_by_python: Any  # py4j GatewayServer.connections: one per Python thread
-
-
-def _parts(spark: SparkSession) -> _GatewayParts:
-    """The gateway's connection lists, reached (once per SparkContext) through the connection
-    serving this call's JVM thread, which must be one Python opened."""
-    def find() -> _GatewayParts:
+def _python_connections(spark: SparkSession) -> Any:
+    """The gateway's list of the connections Python opened, one per Python thread (py4j's
+    GatewayServer.connections), reached once per SparkContext through the connection serving
+    this call's JVM thread, which must be one Python opened."""
+    def find() -> Any:
         classes = jvm_class(spark, "java.lang.Class")
 
         def field(class_name: str, name: str) -> Any:
@@ -91,5 +86,5 @@ def _parts(spark: SparkSession) -> _GatewayParts:
 
         current = field("java.lang.Thread", "target").get(jvm_class(spark, "java.lang.Thread").currentThread())
         server = field("py4j.ClientServerConnection", "javaServer").get(current)
-        return _GatewayParts(field("py4j.GatewayServer", "connections").get(server))
-    return _connections.get(spark.sparkContext, "parts", find)
+        return field("py4j.GatewayServer", "connections").get(server)
+    return _connections.get(spark.sparkContext, "connections", find)

@@ -12,7 +12,7 @@ from streaming_merge.spark import answers_at_once as answers
 
 def _jvm_no_delay(spark: SparkSession) -> bool:
     ours = answers._thread_connection(spark)
-    jvm_end = answers._find(answers._parts(spark).opened_by_python, lambda s: s.getPort(), ours.socket.getsockname()[1])
+    jvm_end = answers._find(answers._python_connections(spark), lambda s: s.getPort(), ours.socket.getsockname()[1])
     return bool(jvm_end.getSocket().getTcpNoDelay())
 
 
