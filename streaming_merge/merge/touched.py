@@ -164,8 +164,10 @@ def find_touched_files(
 
 
 def scan_with_file_ids(spark: SparkSession, snapshot: Snapshot, candidates: Sequence[DataFile],
-                       resolved: ResolvedMerge, file_ids: FileIds, *, keep_row_index: bool) -> DataFrame:
-    """The candidate files' rows, each with its file's id (FILE_ID_COL, see :class:`FileIds`).
+                       resolved: ResolvedMerge, file_ids: FileIds, *, keep_row_index: bool,
+                       present: bool = False) -> DataFrame:
+    """The candidate files' rows, each with its file's id (FILE_ID_COL, see :class:`FileIds`),
+    and with ``present`` the join's marker of a target row (TARGET_PRESENT, true).
 
     Every target row crosses a shuffle with its file's identity: a number instead of the path
     string, which at ~100 bytes a row was most of the shuffled bytes."""
@@ -173,9 +175,10 @@ def scan_with_file_ids(spark: SparkSession, snapshot: Snapshot, candidates: Sequ
     scan = scan_files(spark, snapshot, candidates, with_row_id=with_row_id, schema=resolved.output_schema,
                       with_file_size=True)
     # One projection, not a withColumn and a drop: each DataFrame operation analyses the plan again.
-    kept = resolved.derive(("scan-with-file-ids", keep_row_index), lambda: [
+    kept = resolved.derive(("scan-with-file-ids", keep_row_index, present), lambda: [
         *[F.col(f"`{f.name}`") for f in resolved.output_schema.fields],
-        *([F.col(ROW_INDEX_COL)] if keep_row_index else [])])
+        *([F.col(ROW_INDEX_COL)] if keep_row_index else []),
+        *([F.lit(True).alias(TARGET_PRESENT)] if present else [])])
     return scan.select(*kept, file_ids.column().alias(FILE_ID_COL))
 
 

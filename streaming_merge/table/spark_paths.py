@@ -17,6 +17,9 @@ FILE_PATH_COL = "_sm_file_path_"
 FILE_SIZE_COL = "_sm_file_size_"
 PINNED_SCAN_OPTION = "streaming_merge.pinnedFiles"
 ROW_INDEX_COL = "_sm_row_index_"
+# Spark's Parquet reader fills a read-schema column of this name with the row's index in its
+# file (FileFormat.ROW_INDEX_TEMPORARY_COLUMN_NAME, how it serves ``_metadata.row_index``).
+ROW_INDEX_READ_COL = "_tmp_metadata_row_index"
 
 
 # Relative paths that Spark's encoding (Hadoop ``Path.toUri``) leaves as they are: nothing to
