@@ -73,6 +73,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--out", default="bench/results/dv_scan.json")
     parser.add_argument("--workdir", default=None, help="scratch folder (default: a new temp dir, deleted after)")
     parser.add_argument("--keep", action="store_true", help="keep the scratch folder")
+    parser.add_argument("--floor", action="store_true",
+                        help="then time what any Spark scan applying row-level deletes pays, on the DV table's "
+                             "files read as plain Parquet (see floor_variants), against the compacted scan")
     args = parser.parse_args(argv)
     args.engines = [e.strip() for e in args.engines.split(",") if e.strip()]
     unknown = [e for e in args.engines if e not in ENGINES]
@@ -204,6 +207,64 @@ def timed_rounds(spark: Any, args: argparse.Namespace, paths: dict[str, str], lo
     return {"runs": runs, "warmups": warmups}
 
 
+def floor_variants(spark: Any, paths: dict[str, str]) -> dict[str, Callable[[], Any]]:
+    """Scans to tell our DV test's cost apart from what Spark charges any row-level test: the DV
+    table's data files read as plain Parquet (its 10 % deleted rows included) with no filter,
+    with a filter over data columns (any Filter operator), and with a filter that reads only
+    the columns a deletion test needs (the row's index in its file, as our scans read it, and
+    its file's size from ``_metadata``) but tests nothing; beside our own DV scan and the
+    compacted one, all as a noop write of every column."""
+    from pyspark.sql import functions as F
+    from pyspark.sql.types import LongType, StructField, StructType
+
+    from streaming_merge import DeltaTable
+    from streaming_merge.table.file_relation import files_relation
+    from streaming_merge.table.scan import _java_strings
+    from streaming_merge.table.spark_paths import ROW_INDEX_READ_COL
+
+    root = f"file:{Path(paths['dv']).resolve()}"
+    files = [f"file:{Path(uri).resolve()}" for uri in deltalake.DeltaTable(paths["dv"]).file_uris()]
+    schema = DeltaTable.forPath(spark, paths["dv"]).toDF().schema
+    with_index = StructType([*schema.fields, StructField(ROW_INDEX_READ_COL, LongType())])
+    anything = F.col(schema.fields[0].name).isNotNull() | F.col(schema.fields[1].name).isNotNull()
+    reads_test_columns = (F.col(ROW_INDEX_READ_COL) >= 0) & (F.col("_metadata.file_size") > 0)
+
+    def read(read_schema: StructType) -> Any:
+        """The files as our scans read them (a file index from the list, no listing)."""
+        return files_relation(spark, root, _java_strings(spark, files), read_schema, {})
+
+    return {
+        "compacted, ours": lambda: DeltaTable.forPath(spark, paths["compacted"]).toDF(),
+        "DV files as Parquet, no filter": lambda: read(schema),
+        "DV files, a filter on data columns": lambda: read(schema).filter(anything),
+        "DV files, a filter reading row index and file size": lambda: (
+            read(with_index).filter(reads_test_columns).drop(ROW_INDEX_READ_COL)),
+        "DV table, ours (DVs applied)": lambda: DeltaTable.forPath(spark, paths["dv"]).toDF(),
+    }
+
+
+def floor_rounds(spark: Any, args: argparse.Namespace, paths: dict[str, str]) -> dict[str, float]:
+    """Medians (ms, plan and noop write) of each floor variant over ``--runs`` rounds after
+    ``--warmup``, interleaved, the order reversed every other round."""
+    variants = floor_variants(spark, paths)
+    times: dict[str, list[float]] = {name: [] for name in variants}
+    names = list(variants)
+    for round_no in range(args.warmup + args.runs):
+        for name in names if round_no % 2 == 0 else names[::-1]:
+            started = time.perf_counter()
+            variants[name]().write.format("noop").mode("overwrite").save()
+            if round_no >= args.warmup:
+                times[name].append((time.perf_counter() - started) * 1000)
+    return {name: round(statistics.median(values), 1) for name, values in times.items()}
+
+
+def format_floor(floor: dict[str, float]) -> str:
+    base = floor["compacted, ours"]
+    lines = ["What a row-level test costs in Spark (same process, interleaved; x the compacted scan):"]
+    lines += [f"  {ms:7.1f} ms  {ms / base:5.2f}x  {name}" for name, ms in floor.items()]
+    return "\n".join(lines)
+
+
 def summarize(timings: dict[str, Any]) -> dict[str, Any]:
     """Medians per engine and table, the DV / compacted ratio per engine, jobs per scan."""
     summary: dict[str, Any] = {}
@@ -274,6 +335,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if not built["check"]["ok"]:
             log(f"✗ the tables are not what the bench needs: {built['check']['problems']}")
         timings = timed_rounds(spark, args, built["paths"], log)
+        floor = floor_rounds(spark, args, built["paths"]) if args.floor else None
     finally:
         spark.stop()
         if not args.keep and not args.workdir:
@@ -281,12 +343,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     summary = summarize(timings)
     print()
     print(format_report(args, built, summary))
+    if floor is not None:
+        print(format_floor(floor))
     report = {
         "benchmark": "dv_scan", "created": datetime.now(UTC).isoformat(timespec="seconds"),
         "command": " ".join(["python", "-m", "bench.dv_scan_bench", *(sys.argv[1:] if argv is None else argv)]),
         "config": {k: v for k, v in vars(args).items() if k not in ("workdir", "keep", "out")},
         "tables": {k: v for k, v in built.items() if k != "paths"},
-        "summary": summary, "ratio": summary["ours"]["ratio"], "targetRatio": TARGET_RATIO,
+        "summary": summary, "ratio": summary["ours"]["ratio"], "targetRatio": TARGET_RATIO, "floorMs": floor,
         "runs": timings["runs"], "warmups": timings["warmups"],
         "environment": {"python": platform.python_version(), "pyspark": pyspark.__version__,
                         "deltalake": deltalake.__version__, "pyarrow": pa.__version__, "cpus": os.cpu_count(),

@@ -112,10 +112,14 @@ class ConstantTable:
         as_tuple = tuple(int(k) for k in keys)
         return _table(as_tuple) if len(as_tuple) > _SCAN_AT_MOST else cls(as_tuple, 0)
 
-    def slot(self, spark: SparkSession | None, key: Column) -> Column:
-        """The 1-based slot ``key`` would sit in (for a key not in the table: some slot, or 0)."""
+    def slot(self, spark: SparkSession | None, key: Column, *, present: bool = False) -> Column:
+        """The 1-based slot ``key`` would sit in (for a key not in the table: some slot, or 0).
+        ``present``: every row's key is one of the table's, so where no key is negative a plain
+        remainder (one division) gives the slot that the positive one (two) does."""
         if not self.modulus:
             return F.array_position(long_array(spark, self.keys), key).cast("int")
+        if present and self.bucket_moduli is None and min(self.keys) >= 0:
+            return (key % F.lit(self.modulus)).cast("int") + 1
         first = F.pmod(key, F.lit(self.modulus))
         if self.bucket_moduli is None:
             return first.cast("int") + 1
@@ -130,10 +134,12 @@ class ConstantTable:
             return slot > 0
         return F.element_at(long_array(spark, self.keys_by_slot()), slot) == key
 
-    def at(self, spark: SparkSession | None, values: Sequence[int] | np.ndarray, slot: Column) -> Column:
+    def at(self, spark: SparkSession | None, values: Sequence[int] | np.ndarray, slot: Column, *,
+           present: bool = False) -> Column:
         """The value of the slot's key, ``values`` given in the order of the keys; only for a
-        slot whose key :meth:`found` (any number for the others)."""
-        return F.element_at(long_array(spark, self.by_slot(values, 0)), F.greatest(slot, F.lit(1)))
+        slot whose key :meth:`found` (any number for the others). ``present``: as for
+        :meth:`slot` (the slot is then a key's, never 0)."""
+        return F.element_at(long_array(spark, self.by_slot(values, 0)), slot if present else F.greatest(slot, F.lit(1)))
 
     def keys_by_slot(self) -> np.ndarray:
         """The keys by slot; an empty slot holds a number that does not hash to it, so that no

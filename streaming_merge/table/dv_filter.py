@@ -91,17 +91,28 @@ def live_row_column(spark: SparkSession, snapshot: Snapshot, files: Sequence[Dat
     def build() -> Column:
         ids = FileIds.of(spark, snapshot, files)
         sets = {ids.ids[i]: (deleted_positions(snapshot, files[i]), files[i].num_records or 0) for i in with_vectors}
-        return ~bitset_membership(spark, ids.column(size_column, path_column), F.col(row_index_column), sets)
+        # Every row comes from one of ``files``: with each file's row count known, the files
+        # without a vector share a bitset of zeros and the lookup need not test for a miss.
+        vectorless = {ids.ids[i]: f.num_records for i, f in enumerate(files) if f.deletion_vector is None}
+        none_deleted = ({k: n for k, n in vectorless.items() if n is not None}
+                        if all(n is not None for n in vectorless.values()) else None)
+        return ~bitset_membership(spark, ids.column(size_column, path_column), F.col(row_index_column), sets,
+                                  none_deleted)
 
     return _built.get(spark.sparkContext, key, build)
 
 
 def bitset_membership(spark: SparkSession | None, key: Column, row: Column,
-                      sets: Mapping[int, tuple[np.ndarray, int]]) -> Column:
+                      sets: Mapping[int, tuple[np.ndarray, int]],
+                      none_deleted: Mapping[int, int] | None = None) -> Column:
     """True where ``row`` is among the positions of the set of ``key`` (``sets``: key -> the
     positions and a bound on them), as constant bitsets looked up in generated code: the set's
     first word found by a constant-time lookup of ``key`` (streaming_merge.spark.constant_lookup),
-    then one array read a row; no join and no Spark job."""
+    then one array read a row; no join and no Spark job.
+
+    ``none_deleted`` (key -> a bound on its rows): the other keys of the rows, when every row's
+    key is in ``sets`` or here. They share one bitset of zeros, and the lookup, knowing every key,
+    skips the test for a key it lacks: a third fewer operations a row (3M rows, 20 files: ...)."""
     keys: list[int] = []
     bases: list[int] = []
     words: list[np.ndarray] = []
@@ -112,11 +123,16 @@ def bitset_membership(spark: SparkSession | None, key: Column, row: Column,
         bases.append(next_base)
         words.append(bits)
         next_base += len(bits)
+    if none_deleted:
+        keys += list(none_deleted)
+        bases += [next_base] * len(none_deleted)
+        words.append(np.zeros(-(-max(none_deleted.values()) // 64) or 1, dtype="<i8"))
     all_words = np.concatenate(words) if words else np.zeros(0, dtype="<i8")
     table = ConstantTable.of(keys)
-    slot = table.slot(spark, key)
-    word = (table.at(spark, bases, slot) + F.shiftright(row, 6)).cast("int")
+    present = none_deleted is not None
+    slot = table.slot(spark, key, present=present)
+    word = (table.at(spark, bases, slot, present=present) + F.shiftright(row, 6)).cast("int")
     # The SQL function takes the shift as a column (PySpark's wrapper only as a number).
     bit = F.call_function("shiftrightunsigned", F.element_at(long_array(spark, all_words), word),
                           row.bitwiseAND(F.lit(63)).cast("int")).bitwiseAND(F.lit(1))
-    return F.when(table.found(spark, key, slot), bit == 1).otherwise(F.lit(False))
+    return bit == 1 if present else F.when(table.found(spark, key, slot), bit == 1).otherwise(F.lit(False))

@@ -10,6 +10,7 @@ from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
 from streaming_merge.spark.constant_lookup import _perfect_hash, _unsafe_long_array, long_array, lookup
+from streaming_merge.table.dv_filter import bitset_membership
 
 
 @pytest.mark.parametrize("count", [0, 1, 8, 9, 40, 700])
@@ -46,3 +47,23 @@ def test_long_array_is_the_same_array_in_the_jvm_and_as_json(spark: SparkSession
 def test_lookup_refuses_repeated_keys(spark: SparkSession) -> None:
     with pytest.raises(ValueError, match="distinct"):
         lookup(spark, [1, 1], [2, 3], F.col("id"))
+
+
+@pytest.mark.parametrize(("with_sets", "without", "negative"), [(3, 2, False), (12, 9, False), (30, 40, True), (100, 60, False)])
+def test_bitset_membership_with_every_key_known_answers_as_sets_do(spark: SparkSession, with_sets: int,
+                                                                   without: int, negative: bool) -> None:
+    """The DV test of a scan whose every file is known (the files without a vector share a
+    bitset of zeros, the lookup skips its miss test, and non-negative ids take a plain
+    remainder) against Python sets, for the list scan, the one modulus and the two levels."""
+    rng = np.random.default_rng(with_sets)
+    pool = np.arange(-(2**40), 2**40, 104729) if negative else np.arange(0, 2**40, 104729)
+    keys = [int(k) for k in rng.choice(pool, size=with_sets + without, replace=False)]
+    bounds = {k: int(rng.integers(1, 300)) for k in keys}
+    sets = {k: np.unique(rng.integers(0, bounds[k], size=bounds[k] // 3)).astype(np.int64) for k in keys[:with_sets]}
+    none_deleted = {k: bounds[k] for k in keys[with_sets:]}
+    rows = [(k, r) for k in keys for r in range(bounds[k])]
+    frame = spark.createDataFrame(rows, "key bigint, row bigint")
+    test = bitset_membership(spark, F.col("key"), F.col("row"), {k: (v, bounds[k]) for k, v in sets.items()},
+                             none_deleted)
+    deleted = {(r["key"], r["row"]) for r in frame.filter(test).collect()}
+    assert deleted == {(k, int(p)) for k, positions in sets.items() for p in positions}
