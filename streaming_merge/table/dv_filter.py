@@ -112,7 +112,8 @@ def bitset_membership(spark: SparkSession | None, key: Column, row: Column,
 
     ``none_deleted`` (key -> a bound on its rows): the other keys of the rows, when every row's
     key is in ``sets`` or here. They share one bitset of zeros, and the lookup, knowing every key,
-    skips the test for a key it lacks: a third fewer operations a row (3M rows, 20 files: ...)."""
+    skips the test for a key it lacks (3M rows in 20 files, 10 % deleted: the scan 1.29x -> 1.22x the
+    same rows compacted)."""
     keys: list[int] = []
     bases: list[int] = []
     words: list[np.ndarray] = []
