@@ -173,7 +173,7 @@ def scan_with_file_ids(spark: SparkSession, snapshot: Snapshot, candidates: Sequ
     string, which at ~100 bytes a row was most of the shuffled bytes."""
     with_row_id = keep_row_index or file_ids.needs_paths
     scan = scan_files(spark, snapshot, candidates, with_row_id=with_row_id, schema=resolved.output_schema,
-                      with_file_size=True)
+                      with_file_size=True, selected_after=True)
     # One projection, not a withColumn and a drop: each DataFrame operation analyses the plan again.
     kept = resolved.derive(("scan-with-file-ids", keep_row_index, present), lambda: [
         *[F.col(f"`{f.name}`") for f in resolved.output_schema.fields],

@@ -42,6 +42,7 @@ def scan_files(
     schema: StructType | None = None,
     spark_paths: Sequence[str] | None = None,
     with_file_size: bool = False,
+    selected_after: bool = False,
 ) -> DataFrame:
     """DataFrame of the given files with the table's columns in table order.
 
@@ -50,7 +51,8 @@ def scan_files(
     (as Spark reports it) and the row's index inside that file; with ``with_file_size`` a last
     column (FILE_SIZE_COL) holds the size of the row's file, a constant per file that costs no
     per-row work. ``spark_paths``: the files' :func:`spark_file_paths` when the caller already
-    has them.
+    has them. ``selected_after``: the caller selects the columns it wants by name next, so a
+    column the read added for the row index may stay (dropping it is an analysis of its own).
     """
     table_schema = schema or snapshot.schema
     partition_columns = snapshot.partition_columns
@@ -83,10 +85,9 @@ def scan_files(
         *([F.col(row_index).alias(ROW_INDEX_COL)] if with_row_id and row_index else []),
         *size,
     )
-    if read_column_added:
-        data = data.drop(ROW_INDEX_READ_COL)
     if not partition_columns:  # already in table order, then path, row index and size
-        return data
+        # (the partitioned case's last projection below leaves the read's row index column out)
+        return data.drop(ROW_INDEX_READ_COL) if read_column_added and not selected_after else data
     data = data.select("*", *_partition_value_columns(spark, snapshot, files, table_schema, spark_paths))
     ordered: list[Column] = [F.col(f"`{f.name}`") for f in table_schema.fields]
     if with_row_id:
