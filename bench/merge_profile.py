@@ -108,14 +108,24 @@ def main(argv: Sequence[str] | None = None) -> int:
                              "in DVs and writes only the changed rows)")
     parser.add_argument("--change-data-feed", action="store_true",
                         help="turn the change data feed on in the target (the MERGE also writes its change rows)")
+    parser.add_argument("--against-copy-on-write", action="store_true",
+                        help="with --deletion-vectors: every run also merges into a copy-on-write twin of the "
+                             "target (same rows, DVs off), alternating which goes first, and prints a table "
+                             "for each and the ratio of their medians")
     parser.add_argument("--option", action="append", default=[], metavar="NAME=VALUE",
                         help="a MergeOptions field (an integer, or text such as materialize_source=none); "
                              "compared against the defaults")
     args = parser.parse_args(argv)
+    if args.against_copy_on_write and (not args.deletion_vectors or args.option):
+        parser.error("--against-copy-on-write compares a DV target with its copy-on-write twin: "
+                     "give --deletion-vectors, and no --option")
     options = {name: _option_value(value) for name, value in (o.split("=", 1) for o in args.option)}
-    variants: list[tuple[str, dict[str, int | str]]] = [("defaults", {})]
+    # (name, MERGE options, the target's folder name under the scratch folder)
+    variants: list[tuple[str, dict[str, int | str], str]] = [("defaults", {}, "master")]
     if options:
-        variants.append((", ".join(args.option), options))
+        variants.append((", ".join(args.option), options, "master"))
+    if args.against_copy_on_write:
+        variants = [("deletion vectors", {}, "master"), ("copy-on-write", {}, "copy-on-write")]
 
     from streaming_merge.session import local_session
     from streaming_merge.spark.profile import phase, profiling
@@ -128,12 +138,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         master = work / "master"
         write_target(make_target(args.target_rows, 7), master, args.target_files)
+        if args.against_copy_on_write:
+            shutil.copytree(master, work / "copy-on-write")
         properties = {**({"delta.enableDeletionVectors": "true"} if args.deletion_vectors else {}),
                       **({"delta.enableChangeDataFeed": "true"} if args.change_data_feed else {})}
         if properties:
             from streaming_merge import DeltaTable
 
             DeltaTable.forPath(spark, str(master)).setProperties(properties)
+            if args.against_copy_on_write and args.change_data_feed:  # the twin differs by its DVs only
+                DeltaTable.forPath(spark, str(work / "copy-on-write")).setProperties(
+                    {"delta.enableChangeDataFeed": "true"})
         batch = make_batch(args.target_rows, args.source_rows, args.key_dist, 7).table
         if args.kind == "insert":  # only new keys: nothing matches
             import pyarrow.compute as pc
@@ -142,11 +157,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         source_dir.mkdir()
         pq.write_table(batch, source_dir / "part-0.parquet")
 
-        results: dict[str, list[dict[str, Any]]] = {name: [] for name, _ in variants}
+        results: dict[str, list[dict[str, Any]]] = {name: [] for name, _, _ in variants}
         for run in range(args.warmup + args.runs):
-            for name, chosen in (variants if run % 2 == 0 else variants[::-1]):
+            for name, chosen, target in (variants if run % 2 == 0 else variants[::-1]):
                 run_dir = work / f"run-{run}"
-                shutil.copytree(master, run_dir)
+                shutil.copytree(work / target, run_dir)
                 source = (spark.read.parquet(str(source_dir)) if args.source == "parquet"
                           else spark.createDataFrame(batch))
                 calls_before = counter.calls
@@ -172,12 +187,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     for name, rows in results.items():
         if len(results) > 1:
             print(f"\n== {name}")
-        _report(args, rows)
+        _report(args, rows, with_dvs=name != "copy-on-write")
+    if args.against_copy_on_write:
+        dv, cow = (statistics.median(r["total"] for r in results[n]) for n in ("deletion vectors", "copy-on-write"))
+        print(f"\ncopy-on-write / deletion vectors: {cow / dv:.2f}x ({cow:.1f} / {dv:.1f} ms, medians of "
+              f"{args.runs} runs each, alternating)")
     return 0
 
 
-def _report(args: argparse.Namespace, rows: list[dict[str, Any]]) -> None:
-    features = (" with DVs" if args.deletion_vectors else "") + (" with CDF" if args.change_data_feed else "")
+def _report(args: argparse.Namespace, rows: list[dict[str, Any]], with_dvs: bool = True) -> None:
+    features = (" with DVs" if args.deletion_vectors and with_dvs else "") + (
+        " with CDF" if args.change_data_feed else "")
     print(f"MERGE profile: {args.kind}, {args.source_rows:,} source rows ({args.source}) into "
           f"{args.target_rows:,} rows in {args.target_files} files{features}, "
           f"{args.key_dist} keys; "
