@@ -49,7 +49,8 @@ def test_lookup_refuses_repeated_keys(spark: SparkSession) -> None:
         lookup(spark, [1, 1], [2, 3], F.col("id"))
 
 
-@pytest.mark.parametrize(("with_sets", "without", "negative"), [(3, 2, False), (12, 9, False), (30, 40, True), (100, 60, False)])
+@pytest.mark.parametrize(("with_sets", "without", "negative"),
+                         [(3, 2, False), (12, 9, False), (30, 40, True), (100, 60, False)])
 def test_bitset_membership_with_every_key_known_answers_as_sets_do(spark: SparkSession, with_sets: int,
                                                                    without: int, negative: bool) -> None:
     """The DV test of a scan whose every file is known (the files without a vector share a
