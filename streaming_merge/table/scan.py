@@ -17,6 +17,7 @@ from pyspark.sql.types import LongType, StructField, StructType
 
 from streaming_merge.spark.conf import temporary_conf
 from streaming_merge.spark.jvm import jvm_class
+from streaming_merge.spark.per_context import PerContext
 from streaming_merge.spark.slots import task_slots
 from streaming_merge.table.dv_filter import live_row_column
 from streaming_merge.table.file_relation import files_relation
@@ -61,11 +62,16 @@ def scan_files(
 
     file_schema = data_columns(table_schema, partition_columns)
     has_vectors = any(f.deletion_vector is not None for f in files)
-    row_index = _row_index_column(file_schema) if with_row_id or has_vectors else None
-    if row_index == ROW_INDEX_READ_COL:
-        file_schema = StructType([*file_schema.fields, StructField(ROW_INDEX_READ_COL, LongType())])
+    row_index = _row_index_column(spark, file_schema) if with_row_id or has_vectors else None
     paths = [snapshot.absolute_path(f.path) for f in files]
-    data = _read_parquet(spark, snapshot, paths, file_schema)
+    if row_index == ROW_INDEX_READ_COL:
+        with_index = StructType([*file_schema.fields, StructField(ROW_INDEX_READ_COL, LongType())])
+        data = _read_parquet(spark, snapshot, paths, with_index)
+        if not _reader_fills_row_index(spark, data):
+            row_index = "_metadata.row_index"
+            data = _read_parquet(spark, snapshot, paths, file_schema)
+    else:
+        data = _read_parquet(spark, snapshot, paths, file_schema)
     live = live_row_column(spark, snapshot, files, "_metadata.file_size", "_metadata.file_path",
                            row_index) if has_vectors and row_index else None
     if live is not None:  # the files' deletion vectors, applied before anything reads a row
@@ -97,16 +103,43 @@ def scan_files(
     return data.select(*ordered)
 
 
-def _row_index_column(file_schema: StructType) -> str:
+def _row_index_column(spark: SparkSession, file_schema: StructType) -> str:
     """Where a scan reads each row's index inside its file. Spark's Parquet reader fills a
     column of the read schema named ROW_INDEX_READ_COL with it, as a plain long column;
     ``_metadata.row_index`` is the same number, but Spark builds the ``_metadata`` struct for
     every row to read it back (3M rows, 20 files: a trivial filter on the row index 24 ms over a
     plain scan this way, 56 ms through ``_metadata`` with the file size). A table with a column
     of that name (never one Delta writers make) reads it through ``_metadata``."""
-    if any(f.name.lower() == ROW_INDEX_READ_COL for f in file_schema.fields):
+    if any(f.name.lower() == ROW_INDEX_READ_COL for f in file_schema.fields) or _fills_row_index(spark) == [False]:
         return "_metadata.row_index"
     return ROW_INDEX_READ_COL
+
+
+_answers: PerContext[list[bool]] = PerContext(limit=1)
+
+
+def _fills_row_index(spark: SparkSession) -> list[bool]:
+    """The SparkContext's answer of _reader_fills_row_index: empty until asked."""
+    return _answers.get(spark.sparkContext, "fills", list)
+
+
+def _reader_fills_row_index(spark: SparkSession, data: DataFrame) -> bool:
+    """Whether this Spark's Parquet reader fills ROW_INDEX_READ_COL, asked once per
+    SparkContext of the first read that has the column: Spark refuses to plan a read of
+    ``_metadata.row_index`` beside a column of that name exactly when the name is its own row
+    index column (planning only, no job). On any other answer the scans read
+    ``_metadata.row_index``: slower, never a column left NULL."""
+    def probe() -> bool:
+        try:
+            data.select(F.col(ROW_INDEX_READ_COL), F.col("_metadata.row_index"))._jdf.queryExecution().sparkPlan()
+        except Exception as exc:  # py4j's error of Spark's refusal
+            return ROW_INDEX_READ_COL in str(exc) and "reserved" in str(exc)
+        return False
+
+    answer = _fills_row_index(spark)
+    if not answer:
+        answer.append(probe())
+    return answer[0]
 
 
 def _read_parquet(spark: SparkSession, snapshot: Snapshot, paths: list[str], file_schema: StructType) -> DataFrame:

@@ -776,3 +776,26 @@ def test_recorded_now_is_the_time_given_and_leaves_the_generated_code_unchanged(
     literal = spark.range(3).select(F.col("id"), F.lit(earlier).alias("at"))
     assert generated(literal) != generated(spark.range(3).select(F.col("id"), F.lit(later).alias("at"))), \
         "the check cannot tell: a timestamp literal no longer changes the generated code"
+
+
+
+def test_scans_read_the_row_index_column_only_where_spark_fills_it(spark: SparkSession, tmp_path: Path) -> None:
+    """Scans read each row's index through the column Spark's Parquet reader fills, once this
+    Spark confirmed (by refusing to plan it beside ``_metadata.row_index``) that the name is its
+    own; a reader that did not fill it would leave every deletion test and DV position NULL."""
+    from streaming_merge.table import scan
+
+    pq.write_table(pa.table({"id": pa.array([5, 6, 7], pa.int64())}), tmp_path / "part-0.parquet")
+    read = spark.read.schema(f"id bigint, {scan.ROW_INDEX_READ_COL} bigint").parquet(str(tmp_path))
+    assert scan._reader_fills_row_index(spark, read)
+    assert [r[0] for r in read.orderBy("id").select(scan.ROW_INDEX_READ_COL).collect()] == [0, 1, 2]
+    unfilled = spark.read.schema("id bigint, some_other_column bigint").parquet(str(tmp_path))
+    answers = scan._answers._values.get("fills")
+    try:
+        scan._answers._values["fills"] = []  # not asked yet in this context
+        assert not scan._reader_fills_row_index(spark, unfilled.withColumnRenamed("some_other_column",
+                                                                                    scan.ROW_INDEX_READ_COL))
+        assert scan._row_index_column(spark, read.schema) == "_metadata.row_index"
+    finally:
+        if answers is not None:
+            scan._answers._values["fills"] = answers
