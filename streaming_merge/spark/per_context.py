@@ -22,11 +22,14 @@ class PerContext(Generic[V]):
         self._context: Any = None
 
     def get(self, context: Any, key: Hashable, build: Callable[[], V]) -> V:
-        # A new SparkContext (the old expressions live in a stopped JVM), or a full cache: start afresh.
-        if context is not self._context or len(self._values) >= self._limit:
+        if context is not self._context:  # a new SparkContext: the old objects live in a stopped JVM
             self._values.clear()
             self._context = context
         found = self._values.get(key)
         if found is None:
+            # Full: start afresh, but only to make room for a new key (clearing on every call at
+            # the limit rebuilt a one-entry cache's value each time it was asked for).
+            if len(self._values) >= self._limit:
+                self._values.clear()
             found = self._values[key] = build()
         return found
