@@ -778,7 +778,6 @@ def test_recorded_now_is_the_time_given_and_leaves_the_generated_code_unchanged(
         "the check cannot tell: a timestamp literal no longer changes the generated code"
 
 
-
 def test_scans_read_the_row_index_column_only_where_spark_fills_it(spark: SparkSession, tmp_path: Path) -> None:
     """Scans read each row's index through the column Spark's Parquet reader fills, once this
     Spark confirmed (by refusing to plan it beside ``_metadata.row_index``) that the name is its
