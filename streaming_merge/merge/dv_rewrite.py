@@ -57,7 +57,7 @@ from streaming_merge.merge.touched import FILE_ID_COL, MAX_REPORTED_ROWS, MULTIP
 from streaming_merge.spark.constant_lookup import lookup
 from streaming_merge.spark.profile import phase
 from streaming_merge.spark.slots import task_slots
-from streaming_merge.table.dv_filter import deleted_positions
+from streaming_merge.table.dv_positions import deleted_positions_of
 from streaming_merge.table.file_ids import FileIds
 from streaming_merge.table.snapshot import DataFile, Snapshot
 from streaming_merge.table.spark_paths import ROW_INDEX_COL
@@ -107,11 +107,13 @@ def deletion_vector_changes(snapshot: Snapshot, files: Sequence[DataFile],
     current vector deletes; a file left with no row is removed instead."""
     removed: list[DataFile] = []
     vectors: list[tuple[DataFile, BitMap64]] = []
+    with_vectors = [p for p in deleted if files[p].deletion_vector is not None]
+    earlier = dict(zip(with_vectors, deleted_positions_of(snapshot, [files[p] for p in with_vectors]), strict=True))
     for position, rows in sorted(deleted.items()):
         file = files[position]
         bitmap = BitMap64(rows.tolist())
-        if file.deletion_vector is not None:
-            bitmap |= BitMap64(deleted_positions(snapshot, file).tolist())
+        if position in earlier:
+            bitmap |= BitMap64(earlier[position].tolist())
         if file.num_records is not None and len(bitmap) >= file.num_records:
             removed.append(file)
         else:

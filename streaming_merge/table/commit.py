@@ -32,6 +32,7 @@ from pyspark.sql.types import StructType
 
 from streaming_merge.errors import ConcurrentModificationError, DeltaTableError
 from streaming_merge.table.deletion_vectors import DeletionVector, delete_dv_file, write_deletion_vectors
+from streaming_merge.table.dv_positions import remember
 from streaming_merge.table.location import TableRef
 from streaming_merge.table.protocol import Protocol
 from streaming_merge.table.schema import spark_to_delta_json
@@ -194,7 +195,9 @@ def commit_with_deletion_vectors(spark: SparkSession, request: CommitRequest,
                                  vectors: Sequence[tuple[DataFile, BitMap64]]) -> int:
     """Write the new deletion vectors (``vectors``: each kept file with all its deleted rows, in
     one DV file) and commit them with ``request``; on any failure the request's new data files
-    and the DV file are deleted again, so nothing of the operation lingers."""
+    and the DV file are deleted again, so nothing of the operation lingers. Once committed, the
+    vectors' rows are kept in memory (streaming_merge.table.dv_positions): the next batch of a
+    stream scans these files, and would otherwise read back what it just wrote."""
     location = request.snapshot.location
     vector_file: str | None = None
     try:
@@ -204,12 +207,16 @@ def commit_with_deletion_vectors(spark: SparkSession, request: CommitRequest,
             vector_file = stored.file
             request = replace(request, deletion_vectors=[
                 (f, d) for (f, _), d in zip(vectors, stored.descriptors, strict=True)])
-        return commit(request)
+        version = commit(request)
     except BaseException:
         delete_written(spark, location, list(request.adds))
         if vector_file is not None:
             delete_dv_file(location.log_uri, location.options, vector_file)
         raise
+    if vectors:  # this process's next scans need no read of what it just wrote
+        remember(location.log_uri, ((f.path, d, bitmap) for (f, bitmap), (_, d)
+                                    in zip(vectors, request.deletion_vectors, strict=True)))
+    return version
 
 
 def add_columns(snapshot: Snapshot, evolved: StructType) -> Snapshot:

@@ -21,10 +21,12 @@ delta-rs gets (their names are translated where obstore spells them differently)
 from __future__ import annotations
 
 import base64
+import functools
 import struct
 import uuid
 import zlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import unquote
@@ -46,6 +48,7 @@ __all__ = [
     "encode_bitmap",
     "parse_dv_file_entry",
     "read_deleted_rows",
+    "read_deleted_rows_of",
     "serialize_dv_file",
     "write_deletion_vectors",
     "z85_decode",
@@ -279,35 +282,86 @@ def _dv_location(table_url: str, storage_options: Mapping[str, str] | None, dv: 
 def read_deleted_rows(
     table_url: str, storage_options: Mapping[str, str] | None, data_file: str, dv: DeletionVector
 ) -> pyroaring.BitMap64:
-    """The deleted row indexes of ``data_file`` under ``dv``, verified.
+    """The deleted row indexes of ``data_file`` under ``dv``, verified (see
+    :func:`read_deleted_rows_of`)."""
+    return read_deleted_rows_of(table_url, storage_options, [(data_file, dv)])[0]
 
-    On-disk DVs are read with one ranged GET of the entry (size field, bitmap, CRC), and the
-    size, checksum, magic number and cardinality are all checked against the descriptor: a
-    wrong set of deleted rows would silently resurrect or lose rows. Every failure raises
-    :class:`DeltaTableError` naming the table, the data file and the DV.
+
+# DV files read at once: each read is a round trip on an object store.
+_CONCURRENT_FILE_READS = 8
+
+
+def read_deleted_rows_of(
+    table_url: str, storage_options: Mapping[str, str] | None, vectors: Sequence[tuple[str, DeletionVector]]
+) -> list[pyroaring.BitMap64]:
+    """The deleted row indexes of each ``(data file, dv)`` of ``vectors``, verified, in order.
+
+    A commit's on-disk DVs share one DV file, so the entries are read per DV file: one ranged
+    read each (obstore merges nearby ranges into one request), the DV files concurrently, where
+    one GET per DV made a scan of a table whose every file has a vector pay a round trip per
+    file. The size, checksum, magic number and cardinality are all checked against the
+    descriptor: a wrong set of deleted rows would silently resurrect or lose rows. Every failure
+    raises :class:`DeltaTableError` naming the table, the data file and the DV.
     """
-
-    def fail(reason: str) -> DeltaTableError:
-        return DeltaTableError(
-            f"Cannot read the {dv.describe()} of data file `{data_file}` in table `{table_url}`: {reason}"
-        )
-
-    try:
+    results: list[pyroaring.BitMap64 | None] = [None] * len(vectors)
+    by_file: dict[tuple[int, str], list[int]] = {}
+    stores: dict[int, Any] = {}
+    for index, (data_file, dv) in enumerate(vectors):
         if dv.is_inline:
-            data = _decode_inline(dv.path_or_inline_dv, dv.size_in_bytes)
-        else:
+            results[index] = _verified(table_url, data_file, dv,
+                                       functools.partial(_decode_inline, dv.path_or_inline_dv, dv.size_in_bytes))
+            continue
+        try:
             store, path = _dv_location(table_url, storage_options, dv)
-            start = dv.offset or 0
-            entry = bytes(obstore.get_range(store, path, start=start, length=4 + dv.size_in_bytes + 4))
-            data = parse_dv_file_entry(entry, dv.size_in_bytes)
-        bitmap = decode_bitmap(data)
-    except NOT_FOUND as exc:
-        raise fail("the DV file does not exist") from exc
+        except Exception as exc:
+            raise _unreadable(table_url, data_file, dv, first_line(exc)) from exc
+        stores[id(store)] = store
+        by_file.setdefault((id(store), path), []).append(index)
+
+    def read_file(key: tuple[int, str]) -> None:
+        store, path = stores[key[0]], key[1]
+        indexes = by_file[key]
+        starts = [vectors[i][1].offset or 0 for i in indexes]
+        lengths = [4 + vectors[i][1].size_in_bytes + 4 for i in indexes]
+        try:
+            entries = obstore.get_ranges(store, path, starts=starts, lengths=lengths)
+        except NOT_FOUND as exc:
+            data_file, dv = vectors[indexes[0]]
+            raise _unreadable(table_url, data_file, dv, "the DV file does not exist") from exc
+        except Exception as exc:
+            data_file, dv = vectors[indexes[0]]
+            raise _unreadable(table_url, data_file, dv, first_line(exc)) from exc
+        for i, entry in zip(indexes, entries, strict=True):
+            data_file, dv = vectors[i]
+            results[i] = _verified(table_url, data_file, dv,
+                                   functools.partial(parse_dv_file_entry, bytes(entry), dv.size_in_bytes))
+
+    files = list(by_file)
+    if len(files) == 1:
+        read_file(files[0])
+    elif files:
+        with ThreadPoolExecutor(min(_CONCURRENT_FILE_READS, len(files)), thread_name_prefix="dv-read") as pool:
+            for done in [pool.submit(read_file, key) for key in files]:
+                done.result()
+    return [r for r in results if r is not None]
+
+
+def _verified(table_url: str, data_file: str, dv: DeletionVector, bitmap_bytes: Callable[[], bytes]
+              ) -> pyroaring.BitMap64:
+    """The bitmap of ``bitmap_bytes()``, checked against the descriptor's cardinality."""
+    try:
+        bitmap = decode_bitmap(bitmap_bytes())
     except Exception as exc:
-        raise fail(first_line(exc)) from exc
+        raise _unreadable(table_url, data_file, dv, first_line(exc)) from exc
     if len(bitmap) != dv.cardinality:
-        raise fail(f"it holds {len(bitmap)} row indexes, the log says cardinality {dv.cardinality}")
+        raise _unreadable(table_url, data_file, dv,
+                          f"it holds {len(bitmap)} row indexes, the log says cardinality {dv.cardinality}")
     return bitmap
+
+
+def _unreadable(table_url: str, data_file: str, dv: DeletionVector, reason: str) -> DeltaTableError:
+    return DeltaTableError(
+        f"Cannot read the {dv.describe()} of data file `{data_file}` in table `{table_url}`: {reason}")
 
 
 @dataclass(frozen=True)

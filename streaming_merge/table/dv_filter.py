@@ -14,13 +14,11 @@ sizes repeat; streaming_merge.table.file_ids), and the lookup takes constant tim
 number of files (streaming_merge.spark.constant_lookup: a perfect hash over primitive arrays;
 ``array_position`` over the ids cost a third of a 3M-row scan of 20 files). The bitsets cost one
 bit per row of the files that have a vector, shipped once per stage; the decoded vectors are
-cached by their immutable ids.
+kept in memory by their immutable ids (streaming_merge.table.dv_positions).
 """
 
 from __future__ import annotations
 
-import threading
-from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 
 import numpy as np
@@ -29,39 +27,11 @@ from pyspark.sql import functions as F
 
 from streaming_merge.spark.constant_lookup import ConstantTable, long_array
 from streaming_merge.spark.per_context import PerContext
-from streaming_merge.table.deletion_vectors import DeletionVector, read_deleted_rows
+from streaming_merge.table.dv_positions import deleted_positions_of
 from streaming_merge.table.file_ids import FileIds
 from streaming_merge.table.snapshot import DataFile, Snapshot
 
-_CACHE_BYTES = 256 * 1024 * 1024
 _built: PerContext[Column] = PerContext(limit=16)
-_cache: OrderedDict[tuple[str, str, str], np.ndarray] = OrderedDict()
-_cache_bytes = 0
-_lock = threading.Lock()
-
-
-def deleted_positions(snapshot: Snapshot, file: DataFile) -> np.ndarray:
-    """The row indexes of ``file`` that its deletion vector deletes, ascending (int64)."""
-    assert file.deletion_vector is not None
-    return _positions(snapshot.location.log_uri, snapshot.location.options, file.path, file.deletion_vector)
-
-
-def _positions(table_url: str, options: dict[str, str] | None, path: str, vector: DeletionVector) -> np.ndarray:
-    global _cache_bytes
-    key = (table_url, path, vector.unique_id)
-    with _lock:
-        cached = _cache.get(key)
-        if cached is not None:
-            _cache.move_to_end(key)
-            return cached
-    positions = np.asarray(read_deleted_rows(table_url, options, path, vector).to_array(), dtype=np.int64)
-    with _lock:
-        _cache[key] = positions
-        _cache_bytes += positions.nbytes
-        while _cache_bytes > _CACHE_BYTES and len(_cache) > 1:
-            _, evicted = _cache.popitem(last=False)
-            _cache_bytes -= evicted.nbytes
-    return positions
 
 
 def bitset_words(positions: np.ndarray, num_records: int) -> np.ndarray:
@@ -90,7 +60,8 @@ def live_row_column(spark: SparkSession, snapshot: Snapshot, files: Sequence[Dat
 
     def build() -> Column:
         ids = FileIds.of(spark, snapshot, files)
-        sets = {ids.ids[i]: (deleted_positions(snapshot, files[i]), files[i].num_records or 0) for i in with_vectors}
+        positions = deleted_positions_of(snapshot, [files[i] for i in with_vectors])
+        sets = {ids.ids[i]: (rows, files[i].num_records or 0) for i, rows in zip(with_vectors, positions, strict=True)}
         # Every row comes from one of ``files``: with each file's row count known, the files
         # without a vector share a bitset of zeros and the lookup need not test for a miss.
         vectorless = {ids.ids[i]: f.num_records for i, f in enumerate(files) if f.deletion_vector is None}

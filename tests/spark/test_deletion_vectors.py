@@ -251,6 +251,46 @@ def test_sigkill_between_the_dv_write_and_the_commit_loses_nothing(spark: SparkS
     assert delta_rs_rows(path) == expected == our_rows(spark, path)
 
 
+def test_a_writer_reads_back_none_of_its_own_vectors(spark: SparkSession, tmp_path: Path,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """A stream's batches rescan the files the batch before gave vectors: what this process
+    committed is kept, and what it must read (another writer's) takes a request per DV file."""
+    from collections import OrderedDict
+
+    from streaming_merge.spark.per_context import PerContext
+    from streaming_merge.table import deletion_vectors, dv_filter, dv_positions
+
+    path = str(tmp_path / "t")
+    table = _dv_table(spark, path, rows=3000, files=3)
+    reads: list[str] = []
+
+    def counting(original: Any) -> Any:
+        def counted(store: Any, name: str, **kwargs: Any) -> Any:
+            reads.append(name)
+            return original(store, name, **kwargs)
+        return counted
+
+    for function in ("get_range", "get_ranges"):  # any read of a DV file
+        monkeypatch.setattr(deletion_vectors.obstore, function, counting(getattr(deletion_vectors.obstore, function)))
+    expected = Counter((k, k * 10, str(k % 7)) for k in range(3000))
+    for step in range(3):  # each MERGE deletes a third of the remaining rows of every file
+        gone = spark.range(step, 3000, 3).selectExpr("id AS k")
+        table.alias("t").merge(gone.alias("s"), "t.k = s.k").whenMatchedDelete().execute()
+        expected -= Counter((k, k * 10, str(k % 7)) for k in range(step, 3000, 3))
+        if step < 2:
+            assert {len(list(Path(path).glob("deletion_vector_*.bin")))} == {step + 1}
+    assert reads == []  # the 2nd and 3rd MERGEs scanned files whose vectors the MERGE before wrote
+    assert our_rows(spark, path) == Counter()
+
+    # a new process: no positions and no built scan filter in memory
+    monkeypatch.setattr(dv_positions, "_cache", OrderedDict())
+    monkeypatch.setattr(dv_positions, "_cache_bytes", 0)
+    monkeypatch.setattr(dv_filter, "_built", PerContext(limit=16))
+    before = DeltaTable.forPath(spark, path).toDF(2)
+    assert Counter(tuple(r) for r in before.collect()) == delta_rs_rows(path, 2)
+    assert len(reads) == 1  # the three files' vectors of version 2 share one DV file
+
+
 def test_merge_into_a_dv_table_delta_rs_created(spark: SparkSession, tmp_path: Path) -> None:
     """delta-rs creates a DV table with variantType, invariants and appendOnly among its features;
     none asks anything of us while unused, so the MERGE writes DVs there, and delta-rs reads them."""

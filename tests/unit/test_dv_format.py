@@ -354,6 +354,75 @@ def test_damaged_and_missing_dv_files(tmp_path: Path) -> None:
     assert str(table) in message
 
 
+def _counting_reads(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, int]]:
+    """Every object-store read of a DV file, as (path, ranges), through obstore's functions."""
+    calls: list[tuple[str, int]] = []
+    get_ranges, get_range = dvs.obstore.get_ranges, dvs.obstore.get_range
+
+    def counted_ranges(store: Any, path: str, **kwargs: Any) -> Any:
+        calls.append((path, len(kwargs["starts"])))
+        return get_ranges(store, path, **kwargs)
+
+    def counted_range(store: Any, path: str, **kwargs: Any) -> Any:
+        calls.append((path, 1))
+        return get_range(store, path, **kwargs)
+
+    monkeypatch.setattr(dvs.obstore, "get_ranges", counted_ranges)
+    monkeypatch.setattr(dvs.obstore, "get_range", counted_range)
+    return calls
+
+
+def test_many_vectors_are_read_with_one_request_per_dv_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    table = _copy_table(SMALL, tmp_path / "t")
+    first = [BitMap64(range(i, 50_000, 7 + i)) for i in range(3)]
+    second = [BitMap64([5, 9]), BitMap64(range(0, 90_000, 2))]
+    one = write_deletion_vectors(str(table), None, first)
+    two = write_deletion_vectors(str(table), None, second, inline_max_bytes=len(encode_bitmap(second[0])))
+    assert [d.storage_type for d in two.descriptors] == ["i", "u"]
+    # interleaved across the two files, and each file's entries out of order
+    order = [(one, 2), (two, 1), (one, 0), (two, 0), (one, 1)]
+    vectors = [(f"data/part-{n}.parquet", written.descriptors[i]) for n, (written, i) in enumerate(order)]
+    expected = [(first if written is one else second)[i] for written, i in order]
+    calls = _counting_reads(monkeypatch)
+    assert dvs.read_deleted_rows_of(str(table), None, vectors) == expected
+    assert sorted(calls) == sorted([(one.file, 3), (two.file, 1)])  # the inline one reads nothing
+
+    # a missing DV file is named with a data file whose vector lives in it
+    (table / str(two.file)).unlink()
+    with pytest.raises(DeltaTableError) as err:
+        dvs.read_deleted_rows_of(str(table), None, vectors)
+    assert "does not exist" in str(err.value) and "data/part-1.parquet" in str(err.value)
+    assert str(two.file) in str(err.value)
+
+
+def test_positions_of_vectors_this_process_wrote_are_not_read_back(tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    from types import SimpleNamespace
+
+    from streaming_merge.table import dv_positions
+    from streaming_merge.table.snapshot import DataFile
+
+    table = _copy_table(SMALL, tmp_path / "t")
+    url = f"file://{table}"
+    bitmaps = [BitMap64(range(3, 30_000, 11)), BitMap64([1, 2, 3])]
+    written = write_deletion_vectors(url, None, bitmaps)
+    files = [DataFile(path=f"part-{i}.parquet", size=100 + i, num_records=40_000, partition_values={},
+                      deletion_vector=d) for i, d in enumerate(written.descriptors)]
+    snapshot: Any = SimpleNamespace(location=SimpleNamespace(log_uri=url, options=None))
+    calls = _counting_reads(monkeypatch)
+    # not remembered: read, in one request for the one DV file, then kept
+    read = dv_positions.deleted_positions_of(snapshot, files)
+    assert [list(r) for r in read] == [list(b) for b in bitmaps] and len(calls) == 1
+    assert [list(r) for r in dv_positions.deleted_positions_of(snapshot, files)] == [list(b) for b in bitmaps]
+    assert len(calls) == 1
+    # a vector remembered as it is committed is never read
+    newer = write_deletion_vectors(url, None, [BitMap64([4, 8, 15])])
+    dv_positions.remember(url, [("part-0.parquet", newer.descriptors[0], BitMap64([4, 8, 15]))])
+    changed = DataFile(path="part-0.parquet", size=100, num_records=40_000, partition_values={},
+                       deletion_vector=newer.descriptors[0])
+    assert list(dv_positions.deleted_positions(snapshot, changed)) == [4, 8, 15] and len(calls) == 1
+
+
 # --------------------------------------------------------------------------------------------
 # What delta-rs reads of ours
 # --------------------------------------------------------------------------------------------
