@@ -16,6 +16,7 @@ from pyspark.sql import DataFrame, SparkSession
 
 from streaming_merge import DeltaTable
 from streaming_merge.cdf.errors import ChangeDataFeedError, ChangeDataNotRecordedError
+from streaming_merge.table import deletion_vectors
 from tests.cdf_support import (
     CDF_ON,
     append_commit,
@@ -98,13 +99,21 @@ def test_changes_of_a_table_delta_rs_wrote_equal_its_load_cdf(spark: SparkSessio
     assert sum(n for row, n in got.items() if row[4] == 6) == 2  # the deleted partition's rows
 
 
-def test_deletion_vector_commits_read_as_the_rows_the_vectors_changed(spark: SparkSession, tmp_path: Path) -> None:
+def test_deletion_vector_commits_read_as_the_rows_the_vectors_changed(spark: SparkSession, tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
     """Delta Lake's DV DELETEs (remove and add of the same path with a new vector, no cdc
     actions) read as deletes of the newly deleted rows only; a vector dropped (a RESTORE)
-    as inserts of the rows it brings back; a file added again unchanged as nothing."""
+    as inserts of the rows it brings back; a file added again unchanged as nothing. The
+    vectors are read with one request per DV file."""
     large = writable_copy("table-with-dv-large", tmp_path)
     with_change_data_feed_from_the_start(large)
+    requests: list[str] = []
+    for function in ("get_range", "get_ranges"):
+        original = getattr(deletion_vectors.obstore, function)
+        monkeypatch.setattr(deletion_vectors.obstore, function,
+                            lambda store, path, _f=original, **kw: requests.append(path) or _f(store, path, **kw))
     frame = DeltaTable.forPath(spark, str(large)).changes()
+    assert sorted(requests) == sorted(p.name for p in large.glob("deletion_vector_*.bin"))
     got = ours(frame)
     assert got == theirs(large, columns=frame.columns)
     per_version = Counter({(v, kind): 0 for v in range(5) for kind in ("insert", "delete")})
