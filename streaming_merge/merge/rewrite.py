@@ -34,7 +34,7 @@ from streaming_merge.merge.resolve import (
     qualified,
 )
 from streaming_merge.merge.touched import FILE_ID_COL, any_of, join_partitions, scan_with_file_ids
-from streaming_merge.spark.conf import temporary_conf
+from streaming_merge.spark.conf import ONE_PARTITION_JOINS, temporary_conf
 from streaming_merge.spark.slots import task_slots
 from streaming_merge.table.file_ids import FileIds
 from streaming_merge.table.scan import scan_files
@@ -336,10 +336,10 @@ def write_all_changes(
          action_count(resolved, codes_of(resolved.not_matched, delete=False), "numTargetRowsInserted")],
         touch_observations(resolved, probe, matched_only) if probe is not None else ())
     # Sides in one partition pair without an exchange only when Spark's size estimate of each is
-    # within this setting; a checkpointed source (a sink's batch) has no estimate.
+    # within this setting; a checkpointed source (a sink's batch) has no estimate (ONE_PARTITION_JOINS).
     deletes = (matched_delete_rows(spark, snapshot, files_to_rewrite, source, resolved)
                if deduplicates_deletes(resolved) else None)
-    with temporary_conf(spark, {_MAX_SINGLE_PARTITION_BYTES: str(1 << 62)} if one_task else {}):
+    with temporary_conf(spark, ONE_PARTITION_JOINS if one_task else {}):
         written = write_frame(spark, snapshot, output, resolved, layout, deletes, parallelism=slots,
                               map_side=not shuffled)
     counts, touched_ids, shared = split_touched(observed_values(out_obs))
@@ -395,7 +395,6 @@ def _probed_sides(spark: SparkSession, snapshot: Snapshot, candidates: Sequence[
     return source, target
 
 
-_MAX_SINGLE_PARTITION_BYTES = "spark.sql.maxSinglePartitionBytes"
 _MAX_PARTITION_BYTES = "spark.sql.files.maxPartitionBytes"
 _OPEN_COST_BYTES = "spark.sql.files.openCostInBytes"
 

@@ -29,3 +29,13 @@ def temporary_conf(spark: SparkSession, settings: Mapping[str, str]) -> Iterator
                 spark.conf.unset(key)
             else:
                 spark.conf.set(key, value)
+
+
+# Spark joins two one-partition sides where they are (no exchange) only when its size estimate of
+# each is within spark.sql.maxSinglePartitionBytes (128 MB); otherwise it shuffles both again into
+# spark.sql.shuffle.partitions for parallelism. A micro-batch or a checkpoint of one has no size
+# of its own: Spark takes spark.sql.defaultSizeInBytes (Long.MaxValue) and scales it up with every
+# column a projection adds, past any bound. With that default at 1 TB (still never broadcast) and
+# no bound, the sides our plans put in one partition on purpose stay there.
+ONE_PARTITION_JOINS = {"spark.sql.maxSinglePartitionBytes": str((1 << 63) - 1),
+                       "spark.sql.defaultSizeInBytes": str(1 << 40)}

@@ -369,7 +369,7 @@ class MergeSink:
                      if snapshot is not None and self._spec is not None and self._joins_on_keys
                      and not self._all_touched_streak % PROBE_TOUCHED_EVERY else None)
             batch, counts, stats, kept_rows = copy_batch(self._spec, self._preparer, self._scd_type, batch_df, level,
-                                                             partitions, early, probe)
+                                                         partitions, early, probe, Tombstones.fit_one_task(everything))
         recording: BackgroundCall | None = None
         execution = contextlib.ExitStack()
         try:

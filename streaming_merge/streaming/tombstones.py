@@ -54,6 +54,9 @@ COMPACT_SMALL_FILES = 10
 
 # See Tombstones.is_small: a stream's first deletes, or a table with few of them.
 SMALL_TABLE_BYTES = 1024 * 1024
+# Tombstones (their files' bytes) that one task may check a batch folded into one partition
+# against (Tombstones.fit_one_task).
+ONE_TASK_MAX_BYTES = 8 * 1024 * 1024
 
 
 @dataclass(frozen=True)
@@ -125,6 +128,13 @@ class Tombstones:
         MERGE a materialization of its own, a whole Spark job."""
         return bool(files) and sum(f.size for f in files) <= SMALL_TABLE_BYTES
 
+    @staticmethod
+    def fit_one_task(files: Sequence[DataFile]) -> bool:
+        """True when the tombstones of ``files`` may all be checked by one task (a hash table
+        of their keys and sequences in its memory): a batch folded into one partition then meets
+        them there, in the task that folds it, rather than both being shuffled again."""
+        return sum(f.size for f in files) <= ONE_TASK_MAX_BYTES
+
     def lookup_reads_most(self, snapshot: Snapshot | None, files: Sequence[DataFile]) -> bool:
         """True when a lookup of ``files`` reads at least half the tombstones' bytes: pruning by
         the batch's key range saved little (uniform keys overlap every file), so the next batch
@@ -146,7 +156,8 @@ class Tombstones:
                                       lambda: self._late_filter(events.columns))
         keys = late.keys
         # Hash-partitioned into one partition, the tombstones fit a batch folded into one (Spark
-        # pairs a single partition with any one-partition side) without an exchange on its side.
+        # pairs a single partition with any one-partition side, under ONE_PARTITION_JOINS: see
+        # batch_copy.copy_batch) without an exchange on its side.
         tombstones = overlapping.repartition(partitions, *keys).alias("d").hint("shuffle_hash")
         if not partitioned_by_keys:
             events = clustered_by_keys(events, partitions, keys)

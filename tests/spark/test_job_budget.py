@@ -21,7 +21,7 @@ from streaming_merge import DeltaTable, MergeSink
 from streaming_merge.merge.materialize import is_stable, should_materialize
 from streaming_merge.spark.profile import profiling
 from streaming_merge.streaming.sink import PROBE_TOUCHED_EVERY
-from tests.job_count import jobs_of
+from tests.job_count import jobs_of, stages_of
 
 
 def by_id(path: str) -> dict[int, dict[str, Any]]:
@@ -453,3 +453,33 @@ def test_with_few_tombstones_late_events_are_dropped_while_the_batch_is_material
         {k: v for k, v in table.items() if k not in (5, 6)}
     assert 1 not in table and (table[2]["v"], table[3]["v"], table[5]["v"], table[6]["v"]) == ("back", "x", "y", "z")
     assert len(table) == 99
+
+
+def test_a_batch_folded_into_one_partition_meets_the_tombstones_in_its_own_task(
+        spark: SparkSession, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A micro-batch has no size estimate (here, as from a streaming source: rows of an RDD), so
+    Spark would shuffle a one-partition batch and the one-partition tombstones again before
+    joining them; the sink's copy runs the fold, the late-event check and the copy in one stage,
+    the tombstones' read in another."""
+    from streaming_merge.streaming import batch_copy
+
+    stages: list[int] = []
+    original = batch_copy.materialize
+
+    def counted(frame: DataFrame, *args: Any, **kwargs: Any) -> Any:
+        ran, result = stages_of(spark, lambda: original(frame, *args, **kwargs))
+        stages.append(ran)
+        return result
+
+    monkeypatch.setattr(batch_copy, "materialize", counted)
+    path = str(tmp_path / "one_task")
+    sink = sink_with_tombstones_for_keys_1_and_2(spark, path, "one-task")
+    stages.clear()
+    late_batch = [(1, 1, "u", "late"), (3, 4, "u", "x"), (2, 5, "c", "back"), (3, 6, "u", "x2")]
+    sink(spark.createDataFrame(spark.sparkContext.parallelize(late_batch, 2), CDC_SCHEMA), 2, rows_at_most=4)
+    assert stages == [2]
+    progress = sink.lastProgress
+    assert progress is not None and progress["numLateRowsDropped"] == 1 and progress["numRowsAfterDedupe"] == 3
+    table = by_id(path)
+    assert 1 not in table and (table[2]["v"], table[3]["v"]) == ("back", "x2") and len(table) == 99
+
