@@ -12,6 +12,20 @@ from pyspark.sql import SparkSession
 
 def jobs_of(spark: SparkSession, call: Callable[[], Any]) -> tuple[int, Any]:
     """(Spark jobs the call ran, its result)."""
+    jobs, result = _in_group(spark, call)
+    return len(jobs), result
+
+
+def stages_of(spark: SparkSession, call: Callable[[], Any]) -> tuple[int, Any]:
+    """(Spark stages the call's jobs ran, its result)."""
+    jobs, result = _in_group(spark, call)
+    tracker = spark.sparkContext.statusTracker()
+    infos = [tracker.getJobInfo(j) for j in jobs]
+    return sum(len(info.stageIds) for info in infos if info is not None), result
+
+
+def _in_group(spark: SparkSession, call: Callable[[], Any]) -> tuple[list[int], Any]:
+    """(The ids of the jobs the call ran, its result), through a job group of its own."""
     context = spark.sparkContext
     group = f"jobs-of-{uuid.uuid4().hex}"
     context.setLocalProperty("spark.jobGroup.id", group)
@@ -19,18 +33,4 @@ def jobs_of(spark: SparkSession, call: Callable[[], Any]) -> tuple[int, Any]:
         result = call()
     finally:
         context.setLocalProperty("spark.jobGroup.id", None)  # type: ignore[arg-type]
-    return len(context.statusTracker().getJobIdsForGroup(group)), result
-
-
-def stages_of(spark: SparkSession, call: Callable[[], Any]) -> tuple[int, Any]:
-    """(Spark stages the call's jobs ran, its result)."""
-    context = spark.sparkContext
-    group = f"stages-of-{uuid.uuid4().hex}"
-    context.setLocalProperty("spark.jobGroup.id", group)
-    try:
-        result = call()
-    finally:
-        context.setLocalProperty("spark.jobGroup.id", None)  # type: ignore[arg-type]
-    tracker = context.statusTracker()
-    jobs = [tracker.getJobInfo(j) for j in tracker.getJobIdsForGroup(group)]
-    return sum(len(job.stageIds) for job in jobs if job is not None), result
+    return list(context.statusTracker().getJobIdsForGroup(group)), result
