@@ -34,3 +34,12 @@ def _in_group(spark: SparkSession, call: Callable[[], Any]) -> tuple[list[int], 
     finally:
         context.setLocalProperty("spark.jobGroup.id", None)  # type: ignore[arg-type]
     return list(context.statusTracker().getJobIdsForGroup(group)), result
+
+
+def shuffled_bytes_of(spark: SparkSession, call: Callable[[], Any]) -> tuple[int, Any]:
+    """(Bytes the call's jobs wrote to shuffle files, its result), from Spark's status store."""
+    jobs, result = _in_group(spark, call)
+    tracker = spark.sparkContext.statusTracker()
+    store = spark.sparkContext._jsc.sc().statusStore()
+    stages = [s for j in jobs if (info := tracker.getJobInfo(j)) is not None for s in info.stageIds]
+    return sum(int(store.lastStageAttempt(s).shuffleWriteBytes()) for s in stages), result

@@ -35,6 +35,7 @@ from streaming_merge.merge.change_data import (
     preimage_names,
     with_change_rows,
 )
+from streaming_merge.merge.dv_source_side import in_row_ids, writes_from_source_side
 from streaming_merge.merge.resolve import (
     ACTION_COL,
     COPY,
@@ -74,6 +75,7 @@ _ROW_BITS = 42
 _POSITION_BITS = 63 - _ROW_BITS - 1
 _BRANCH = "__sm_joined_branch__"  # 1: a row of the join, 0: a source row (a possible insert)
 _JOINED = "__sm_source_row_joined__"
+_JOINED_ROW_IDS = "joinedSourceRows"
 
 
 @dataclass(frozen=True)
@@ -130,6 +132,7 @@ def write_changes_with_deletion_vectors(
     *,
     layout: FileLayout,
     broadcast_source: bool,
+    source_side: bool = True,
 ) -> DvRewriteResult:
     """Join the candidates with the source, write the updated and inserted rows, and return the
     rows to mark deleted, in one Spark job (plus the broadcast's)."""
@@ -145,6 +148,10 @@ def write_changes_with_deletion_vectors(
     ).alias(resolved.source_alias)
     observation = Observation()
     position = lookup(spark, ids.ids, list(range(1, len(ids.ids) + 1)), F.col(FILE_ID_COL))
+    if broadcast_source and source_side and writes_from_source_side(resolved, tgt, src):
+        from_source = _from_source_side(spark, snapshot, candidates, resolved, tgt, src, layout, position)
+        if from_source is not None:
+            return from_source
     if broadcast_source:
         output = _streamed_past_source(spark, resolved, tgt, src, layout, observation, position)
     else:  # a source too large to broadcast: one shuffled join, source rows preserved for the inserts
@@ -177,18 +184,56 @@ def write_changes_with_deletion_vectors(
         return DvRewriteResult(written, counts, _changes(snapshot, candidates, changed))
 
 
+def _from_source_side(spark: SparkSession, snapshot: Snapshot, candidates: Sequence[DataFile],
+                      resolved: ResolvedMerge, tgt: DataFrame, src: DataFrame, layout: FileLayout,
+                      position: Column) -> DvRewriteResult | None:
+    """The MERGE as dv_source_side describes it: a job that writes nothing and observes the
+    matched pairs, then the source's rows written by the clause each takes. None, with nothing
+    written, when a source row matched two target rows (the caller then runs the general plan)."""
+    observation = Observation()
+    joined = tgt.join(F.broadcast(src), resolved.condition, "inner")
+    with phase(spark, "dvMatch"):
+        (_observed(resolved, joined, resolved.matched, observation, position, narrow=True,
+                   also=[F.concat_ws(",", F.collect_list(SOURCE_ROW_ID).cast("array<string>")).alias(_JOINED_ROW_IDS)])
+         .write.format("noop").mode("overwrite").save())
+    values = _observed_row(observation)
+    changed, matched = _positions(values.pop(_MATCHED, None))
+    joined_text = values.pop(_JOINED_ROW_IDS, None)
+    joined_ids = np.fromstring(str(joined_text), dtype=np.int64, sep=",") if joined_text else np.zeros(0, np.int64)
+    if len(np.unique(joined_ids)) < len(joined_ids):
+        return None
+    _check_single_matches(snapshot, candidates, matched)
+    counts = {name: int(values.get(name) or 0) for name in _TARGET_COUNTS}
+    writers = [*resolved.matched, *resolved.not_matched]
+    action = F.when(in_row_ids(spark, joined_ids, F.col(SOURCE_ROW_ID)), first_applicable(
+        resolved, resolved.matched, COPY)).otherwise(first_applicable(resolved, resolved.not_matched, DROP))
+    rows = src.withColumn(ACTION_COL, action).filter(_written(resolved, writers)).select(
+        *outputs(resolved, writers, False))
+    with phase(spark, "dvSourceWrite"):
+        written = write_frame(spark, snapshot, rows, resolved, layout)
+    counts["numTargetRowsCopied"] = 0
+    counts["numTargetRowsInserted"] = sum(w.num_records for w in written) - counts["numTargetRowsMatchedUpdated"]
+    with phase(spark, "dvVectors"):
+        try:
+            return DvRewriteResult(written, counts, _changes(snapshot, candidates, changed))
+        except BaseException:
+            delete_written(spark, snapshot.location, written)
+            raise
+
+
 def _observed(resolved: ResolvedMerge, joined: DataFrame, clauses: Sequence[ResolvedClause],
-              observation: Observation, position: Column) -> DataFrame:
-    """The joined rows narrowed to the output columns of ``clauses``, the action and the source
-    row id, observed: the per-clause counts and the positions of the matched and changed target
-    rows. Spark runs an observation outside generated code on a copy of each row, so it sits on
-    this narrow row (see rewrite.observed_output)."""
+              observation: Observation, position: Column, *, narrow: bool = False,
+              also: Sequence[Column] = ()) -> DataFrame:
+    """The joined rows narrowed to the output columns of ``clauses`` (with ``narrow``, none),
+    the action and the source row id, observed: the per-clause counts, the positions of the
+    matched and changed target rows, and ``also``. Spark runs an observation outside generated
+    code on a copy of each row, so it sits on this narrow row (see rewrite.observed_output)."""
     with_action = joined.withColumn(ACTION_COL, _action(resolved))
-    narrow = with_action.select(*outputs(resolved, clauses, False), F.col(ACTION_COL), F.col(SOURCE_ROW_ID),
-                                _packed_position(resolved, position).alias(_PACKED),
-                                *(preimage_columns(resolved) if resolved.change_data else []))
-    return narrow.observe(observation, *_target_counts(resolved),
-                          F.concat_ws(",", F.collect_list(_PACKED).cast("array<string>")).alias(_MATCHED))
+    rows = with_action.select(*([] if narrow else outputs(resolved, clauses, False)), F.col(ACTION_COL),
+                              F.col(SOURCE_ROW_ID), _packed_position(resolved, position).alias(_PACKED),
+                              *(preimage_columns(resolved) if resolved.change_data and not narrow else []))
+    return rows.observe(observation, *_target_counts(resolved),
+                        F.concat_ws(",", F.collect_list(_PACKED).cast("array<string>")).alias(_MATCHED), *also)
 
 
 def _packed_position(resolved: ResolvedMerge, position: Column) -> Column:

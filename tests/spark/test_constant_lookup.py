@@ -68,3 +68,16 @@ def test_bitset_membership_with_every_key_known_answers_as_sets_do(spark: SparkS
                              none_deleted)
     deleted = {(r["key"], r["row"]) for r in frame.filter(test).collect()}
     assert deleted == {(k, int(p)) for k, positions in sets.items() for p in positions}
+
+
+def test_in_row_ids_finds_exactly_the_given_row_ids(spark: SparkSession) -> None:
+    """Ids of three partitions, some partitions without any, rows past a partition's last id."""
+    from streaming_merge.merge.dv_source_side import in_row_ids
+
+    frame = spark.range(0, 3000, 1, 4).withColumn("rid", F.monotonically_increasing_id())
+    row_ids = np.array([r.rid for r in frame.select("rid").collect()])
+    rng = np.random.default_rng(5)
+    for chosen in (np.zeros(0, dtype=np.int64), row_ids[:1], row_ids[-2:], rng.choice(row_ids, 40, replace=False),
+                   row_ids[row_ids >> 33 != 1][::3]):
+        found = {r.rid for r in frame.filter(in_row_ids(spark, chosen, F.col("rid"))).collect()}
+        assert found == set(chosen.tolist())

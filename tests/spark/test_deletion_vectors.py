@@ -32,6 +32,7 @@ from streaming_merge.errors import (
 from streaming_merge.table import dv_log
 from streaming_merge.table.snapshot import load_snapshot
 from tests.delta_fixtures import FIXTURES, fixture_copy
+from tests.job_count import shuffled_bytes_of
 
 DELETION_VECTORS = {"delta.enableDeletionVectors": "true"}
 
@@ -136,6 +137,46 @@ def test_upsert_writes_only_changed_rows_and_time_travel_reads_each_version(spar
     for k in range(1, 400, 40):
         del expected[(k, k * 10, str(k % 7))]
     assert delta_rs_rows(path) == expected == our_rows(spark, path)
+
+
+_COUNTS = ("numSourceRows", "numTargetRowsUpdated", "numTargetRowsDeleted", "numTargetRowsInserted",
+           "numTargetRowsCopied", "numTargetFilesAdded", "numTargetFilesRemoved", "numTargetDeletionVectorsAdded",
+           "numTargetDeletionVectorsUpdated", "numTargetDeletionVectorsRemoved", "num_affected_rows")
+
+
+@pytest.mark.parametrize("target_key_twice", [False, True])
+def test_an_upsert_whose_matched_clauses_read_only_the_source_writes_no_row_through_a_shuffle(
+        spark: SparkSession, tmp_path: Path, target_key_twice: bool) -> None:
+    """CDC clauses (a delete flag, no target column read): the written rows come from the source
+    side, and nothing is shuffled; the rows and metrics equal the general plan's. A key the target
+    holds twice (a source row matching two target rows) takes the general plan."""
+    results = []
+    for source_side in (True, False):
+        path = str(tmp_path / f"t-{source_side}")
+        table = _dv_table(spark, path)
+        if target_key_twice:  # key 40 a second time: an insert the ON condition cannot match
+            twin = spark.createDataFrame([(40, -1, "twin")], "k long, v long, w string")
+            table.alias("t").merge(twin.alias("s"), "t.k = s.k + 100000").whenNotMatchedInsertAll().execute()
+        events = [(k, -k, "x", False) for k in range(0, 400, 40)] + [(k, 0, "d", True) for k in (1, 81, 2000)] + [
+            (1000 + k, k, "n", False) for k in range(3)]
+        source = spark.createDataFrame(events, "k long, v long, w string, deleted boolean")
+
+        def merge(table: DeltaTable = table, source: Any = source, source_side: bool = source_side) -> Any:
+            return (table.alias("t").merge(source.alias("s"), "t.k = s.k")
+                    .withOptions(dv_source_side_write=source_side)
+                    .whenMatchedDelete("s.deleted").whenMatchedUpdateAll("NOT s.deleted")
+                    .whenNotMatchedInsertAll("NOT s.deleted").execute())
+
+        shuffled, metrics = shuffled_bytes_of(spark, merge)
+        assert delta_rs_rows(path) == our_rows(spark, path)
+        results.append((shuffled, {k: metrics[k] for k in _COUNTS}, our_rows(spark, path)))
+    (side_shuffled, side_metrics, side_rows), (general_shuffled, general_metrics, general_rows) = results
+    assert side_rows == general_rows and side_metrics == general_metrics
+    updated = 11 if target_key_twice else 10
+    assert (side_metrics["numTargetRowsUpdated"], side_metrics["numTargetRowsDeleted"],
+            side_metrics["numTargetRowsInserted"], side_metrics["numTargetRowsCopied"]) == (updated, 2, 3, 0)
+    assert general_shuffled > 0
+    assert (side_shuffled > 0) == target_key_twice
 
 
 def test_a_file_whose_rows_are_all_deleted_is_removed(spark: SparkSession, tmp_path: Path) -> None:
