@@ -368,7 +368,7 @@ def _merge(spark: SparkSession, request: MergeRequest, snapshot: Snapshot, resol
                                                  "candidate files as deletion vectors and new rows"):
                 changes = write_changes_with_deletion_vectors(
                     spark, snapshot, candidates, source, resolved, layout=layout(options, [], source_bytes),
-                    broadcast_source=broadcast, source_side=options.dv_source_side_write)
+                    broadcast_source=broadcast, from_source_side=options.dv_source_side_write)
             metrics["rewriteTimeMs"] = _millis_since(scan_started)
             metrics.update(changes.counts)
             metrics.update(changes.changes.metrics())

@@ -35,7 +35,7 @@ from streaming_merge.merge.change_data import (
     preimage_names,
     with_change_rows,
 )
-from streaming_merge.merge.dv_source_side import in_row_ids, writes_from_source_side
+from streaming_merge.merge.dv_source_side import SourceSide, in_row_ids, source_side
 from streaming_merge.merge.resolve import (
     ACTION_COL,
     COPY,
@@ -76,6 +76,7 @@ _POSITION_BITS = 63 - _ROW_BITS - 1
 _BRANCH = "__sm_joined_branch__"  # 1: a row of the join, 0: a source row (a possible insert)
 _JOINED = "__sm_source_row_joined__"
 _JOINED_ROW_IDS = "joinedSourceRows"
+_UPDATED_ROW_IDS = "updatedSourceRows"
 
 
 @dataclass(frozen=True)
@@ -132,7 +133,7 @@ def write_changes_with_deletion_vectors(
     *,
     layout: FileLayout,
     broadcast_source: bool,
-    source_side: bool = True,
+    from_source_side: bool = True,
 ) -> DvRewriteResult:
     """Join the candidates with the source, write the updated and inserted rows, and return the
     rows to mark deleted, in one Spark job (plus the broadcast's)."""
@@ -148,10 +149,12 @@ def write_changes_with_deletion_vectors(
     ).alias(resolved.source_alias)
     observation = Observation()
     position = lookup(spark, ids.ids, list(range(1, len(ids.ids) + 1)), F.col(FILE_ID_COL))
-    if broadcast_source and source_side and writes_from_source_side(resolved, tgt, src):
-        from_source = _from_source_side(spark, snapshot, candidates, resolved, tgt, src, layout, position)
-        if from_source is not None:
-            return from_source
+    side = source_side(resolved, tgt, src) if broadcast_source and from_source_side else None
+    if side is not None:
+        written_from_source = _from_source_side(spark, snapshot, candidates, resolved, tgt, src, layout, position,
+                                                side)
+        if written_from_source is not None:
+            return written_from_source
     if broadcast_source:
         output = _streamed_past_source(spark, resolved, tgt, src, layout, observation, position)
     else:  # a source too large to broadcast: one shuffled join, source rows preserved for the inserts
@@ -186,31 +189,41 @@ def write_changes_with_deletion_vectors(
 
 def _from_source_side(spark: SparkSession, snapshot: Snapshot, candidates: Sequence[DataFile],
                       resolved: ResolvedMerge, tgt: DataFrame, src: DataFrame, layout: FileLayout,
-                      position: Column) -> DvRewriteResult | None:
+                      position: Column, side: SourceSide) -> DvRewriteResult | None:
     """The MERGE as dv_source_side describes it: a job that writes nothing and observes the
     matched pairs, then the source's rows written by the clause each takes. None, with nothing
     written, when a source row matched two target rows (the caller then runs the general plan)."""
     observation = Observation()
     joined = tgt.join(F.broadcast(src), resolved.condition, "inner")
+    updates = [c.code for c in resolved.matched if c.outputs is not None] if side.decided_in_match else []
     with phase(spark, "dvMatch"):
-        (_observed(resolved, joined, resolved.matched, observation, position, narrow=True,
-                   also=[F.concat_ws(",", F.collect_list(SOURCE_ROW_ID).cast("array<string>")).alias(_JOINED_ROW_IDS)])
+        (_observed(resolved, joined, resolved.matched, observation, position, narrow=True, also=[
+            _id_text(F.col(SOURCE_ROW_ID)).alias(_JOINED_ROW_IDS),
+            *[_id_text(F.when(F.col(ACTION_COL) == code, F.col(SOURCE_ROW_ID))).alias(f"{_UPDATED_ROW_IDS}{code}")
+              for code in updates]])
          .write.format("noop").mode("overwrite").save())
     values = _observed_row(observation)
     changed, matched = _positions(values.pop(_MATCHED, None))
-    joined_text = values.pop(_JOINED_ROW_IDS, None)
-    joined_ids = np.fromstring(str(joined_text), dtype=np.int64, sep=",") if joined_text else np.zeros(0, np.int64)
+    joined_ids = _ids(values.pop(_JOINED_ROW_IDS, None))
     if len(np.unique(joined_ids)) < len(joined_ids):
         return None
     _check_single_matches(snapshot, candidates, matched)
-    counts = {name: int(values.get(name) or 0) for name in _TARGET_COUNTS}
+    row_id = F.col(SOURCE_ROW_ID)
+    if side.decided_in_match:  # the update each matched row took; any other matched row writes nothing
+        matched_action: Column = F.lit(COPY)
+        for code in reversed(updates):
+            ids = _ids(values.pop(f"{_UPDATED_ROW_IDS}{code}", None))
+            matched_action = F.when(in_row_ids(spark, ids, row_id), F.lit(code)).otherwise(matched_action)
+    else:
+        matched_action = first_applicable(resolved, resolved.matched, COPY)
+    action = F.when(in_row_ids(spark, joined_ids, row_id), matched_action).otherwise(
+        first_applicable(resolved, resolved.not_matched, DROP))
     writers = [*resolved.matched, *resolved.not_matched]
-    action = F.when(in_row_ids(spark, joined_ids, F.col(SOURCE_ROW_ID)), first_applicable(
-        resolved, resolved.matched, COPY)).otherwise(first_applicable(resolved, resolved.not_matched, DROP))
     rows = src.withColumn(ACTION_COL, action).filter(_written(resolved, writers)).select(
         *outputs(resolved, writers, False))
     with phase(spark, "dvSourceWrite"):
         written = write_frame(spark, snapshot, rows, resolved, layout)
+    counts = {name: int(values.get(name) or 0) for name in _TARGET_COUNTS}
     counts["numTargetRowsCopied"] = 0
     counts["numTargetRowsInserted"] = sum(w.num_records for w in written) - counts["numTargetRowsMatchedUpdated"]
     with phase(spark, "dvVectors"):
@@ -219,6 +232,16 @@ def _from_source_side(spark: SparkSession, snapshot: Snapshot, candidates: Seque
         except BaseException:
             delete_written(spark, snapshot.location, written)
             raise
+
+
+def _id_text(row_id: Column) -> Column:
+    """The (non-NULL) values of a column of longs over the observed rows, as one text: it
+    crosses from the JVM as one string (see _observed_row)."""
+    return F.concat_ws(",", F.collect_list(row_id).cast("array<string>"))
+
+
+def _ids(text: object) -> np.ndarray:
+    return np.fromstring(str(text), dtype=np.int64, sep=",") if text else np.zeros(0, dtype=np.int64)
 
 
 def _observed(resolved: ResolvedMerge, joined: DataFrame, clauses: Sequence[ResolvedClause],

@@ -1,12 +1,13 @@
 """The deletion-vector MERGE whose written rows all come from the source, in two plain jobs.
 
-When no MATCHED clause reads the target row (``whenMatchedUpdateAll``, deletes, conditions on
-the source's columns: an upsert), what a source row writes depends only on the row and on
-whether it matched: the target rows matter for which positions the deletion vectors mark, not
-for the written values. So the target's keys stream past the broadcast source once, in a job
-that writes nothing and observes the matched pairs (the positions to mark, and which source
-rows matched); then the source's own rows are written, each taking its MATCHED or its NOT
-MATCHED clause by that set. The general plan (dv_rewrite._streamed_past_source) carries every
+When no MATCHED clause writes a value read from the target row (``whenMatchedUpdateAll``,
+deletes: an upsert, or the CDC preset whose conditions compare sequences), every written row is
+a source row, chosen by the clause the row takes: the target rows decide which positions the
+deletion vectors mark and which clause a matched source row takes, not the written values. So
+the target's keys stream past the broadcast source once, in a job that writes nothing and
+observes the matched pairs (the positions to mark, which source rows matched and, when a
+MATCHED condition reads the target, which update each took); then the source's own rows are
+written, each by its clause. The general plan (dv_rewrite._streamed_past_source) carries every
 joined row, with all its columns, through a shuffle to meet the source's rows and find the
 inserts; here no row crosses a shuffle and the target side reads the join's columns only.
 
@@ -16,6 +17,7 @@ updated row per match: the caller then runs the general plan.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -32,29 +34,43 @@ _ORDER_KEEPING = frozenset({"Project", "Filter", "LogicalRDD", "ExternalRDD", "L
                             "Range"})
 
 
-def writes_from_source_side(resolved: ResolvedMerge, target: DataFrame, source: DataFrame) -> bool:
-    """Whether this MERGE can write from the source side: it inserts, has no NOT MATCHED BY
-    SOURCE clause and records no change data, no MATCHED clause reads the target row or is
-    non-deterministic (the two jobs each evaluate it), and reading the source twice gives the
-    same rows in the same order."""
+@dataclass(frozen=True)
+class SourceSide:
+    """A MERGE that writes from the source side. ``decided_in_match``: a MATCHED condition reads
+    the target row or is not deterministic, so the job that finds the matched pairs records the
+    update each matched source row took (the write cannot evaluate it again)."""
+
+    decided_in_match: bool
+
+
+def source_side(resolved: ResolvedMerge, target: DataFrame, source: DataFrame) -> SourceSide | None:
+    """How this MERGE writes from the source side, or None when it cannot: it must insert, have
+    no NOT MATCHED BY SOURCE clause, record no change data, write no value that reads the target
+    row or is not deterministic, and read the same source rows in the same order twice."""
     if not resolved.not_matched or resolved.not_matched_by_source or resolved.change_data:
-        return False
-    return (resolved.derive(("dv-source-side",), lambda: _matched_reads_source_only(resolved, target, source))
-            and _keeps_row_order(source))
+        return None
+    # In a tuple: an answer of None is remembered too.
+    (found,) = resolved.derive(("dv-source-side",), lambda: (_matched_clauses(resolved, target, source),))
+    return found if found is not None and _keeps_row_order(source) else None
 
 
-def _matched_reads_source_only(resolved: ResolvedMerge, target: DataFrame, source: DataFrame) -> bool:
-    expressions: list[Column] = []
-    for clause in resolved.matched:
-        expressions += [*([clause.condition] if clause.condition is not None else []),
-                        *(clause.outputs.values() if clause.outputs is not None else [])]
-    if not expressions:
-        return True
-    plan = target.join(source, resolved.condition).select(*expressions)._jdf.queryExecution().analyzed()
-    if not plan.references().intersect(target._jdf.queryExecution().analyzed().outputSet()).isEmpty():
-        return False
+def _matched_clauses(resolved: ResolvedMerge, target: DataFrame, source: DataFrame) -> SourceSide | None:
+    """From one analysis of the MATCHED clauses' conditions and values over the join."""
+    conditions = [c.condition for c in resolved.matched if c.condition is not None]
+    values = [v for c in resolved.matched if c.outputs is not None for v in c.outputs.values()]
+    if not conditions and not values:
+        return SourceSide(decided_in_match=False)
+    plan = target.join(source, resolved.condition).select(*conditions, *values)._jdf.queryExecution().analyzed()
+    target_columns = target._jdf.queryExecution().analyzed().outputSet()
     listed = plan.expressions()
-    return all(bool(listed.apply(i).deterministic()) for i in range(listed.size()))
+
+    def plain(i: int) -> bool:  # reads no target column and is deterministic
+        expression = listed.apply(i)
+        return bool(expression.references().intersect(target_columns).isEmpty()) and bool(expression.deterministic())
+
+    if not all(plain(i) for i in range(len(conditions), listed.size())):
+        return None
+    return SourceSide(decided_in_match=not all(plain(i) for i in range(len(conditions))))
 
 
 def _keeps_row_order(source: DataFrame) -> bool:

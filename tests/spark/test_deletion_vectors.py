@@ -144,12 +144,14 @@ _COUNTS = ("numSourceRows", "numTargetRowsUpdated", "numTargetRowsDeleted", "num
            "numTargetDeletionVectorsUpdated", "numTargetDeletionVectorsRemoved", "num_affected_rows")
 
 
-@pytest.mark.parametrize("target_key_twice", [False, True])
-def test_an_upsert_whose_matched_clauses_read_only_the_source_writes_no_row_through_a_shuffle(
-        spark: SparkSession, tmp_path: Path, target_key_twice: bool) -> None:
-    """CDC clauses (a delete flag, no target column read): the written rows come from the source
-    side, and nothing is shuffled; the rows and metrics equal the general plan's. A key the target
-    holds twice (a source row matching two target rows) takes the general plan."""
+@pytest.mark.parametrize(("guarded", "target_key_twice"), [(False, False), (False, True), (True, False)])
+def test_an_upsert_whose_matched_clauses_write_only_source_values_writes_no_row_through_a_shuffle(
+        spark: SparkSession, tmp_path: Path, guarded: bool, target_key_twice: bool) -> None:
+    """CDC clauses (a delete flag; ``guarded``: only a newer event than the row applies, a
+    condition that reads the target): the written rows come from the source side and nothing is
+    shuffled; the rows and metrics equal the general plan's. A key the target holds twice (a
+    source row matching two target rows) takes the general plan."""
+    newer = " AND s.v > t.v" if guarded else ""
     results = []
     for source_side in (True, False):
         path = str(tmp_path / f"t-{source_side}")
@@ -157,14 +159,16 @@ def test_an_upsert_whose_matched_clauses_read_only_the_source_writes_no_row_thro
         if target_key_twice:  # key 40 a second time: an insert the ON condition cannot match
             twin = spark.createDataFrame([(40, -1, "twin")], "k long, v long, w string")
             table.alias("t").merge(twin.alias("s"), "t.k = s.k + 100000").whenNotMatchedInsertAll().execute()
-        events = [(k, -k, "x", False) for k in range(0, 400, 40)] + [(k, 0, "d", True) for k in (1, 81, 2000)] + [
+        # v is the sequence: the row's is k * 10; events of even keys are newer, of odd keys older
+        events = [(k, k * 10 + (1 if k % 80 == 0 else -1), "x", False) for k in range(0, 400, 40)] + [
+            (k, k * 10 + 1, "d", True) for k in (1, 81, 2000)] + [(k, 0, "d", True) for k in (121,)] + [
             (1000 + k, k, "n", False) for k in range(3)]
         source = spark.createDataFrame(events, "k long, v long, w string, deleted boolean")
 
         def merge(table: DeltaTable = table, source: Any = source, source_side: bool = source_side) -> Any:
             return (table.alias("t").merge(source.alias("s"), "t.k = s.k")
                     .withOptions(dv_source_side_write=source_side)
-                    .whenMatchedDelete("s.deleted").whenMatchedUpdateAll("NOT s.deleted")
+                    .whenMatchedDelete(f"s.deleted{newer}").whenMatchedUpdateAll(f"NOT s.deleted{newer}")
                     .whenNotMatchedInsertAll("NOT s.deleted").execute())
 
         shuffled, metrics = shuffled_bytes_of(spark, merge)
@@ -172,9 +176,10 @@ def test_an_upsert_whose_matched_clauses_read_only_the_source_writes_no_row_thro
         results.append((shuffled, {k: metrics[k] for k in _COUNTS}, our_rows(spark, path)))
     (side_shuffled, side_metrics, side_rows), (general_shuffled, general_metrics, general_rows) = results
     assert side_rows == general_rows and side_metrics == general_metrics
-    updated = 11 if target_key_twice else 10
+    updated = (5 if guarded else 10) + (1 if target_key_twice else 0)
     assert (side_metrics["numTargetRowsUpdated"], side_metrics["numTargetRowsDeleted"],
-            side_metrics["numTargetRowsInserted"], side_metrics["numTargetRowsCopied"]) == (updated, 2, 3, 0)
+            side_metrics["numTargetRowsInserted"], side_metrics["numTargetRowsCopied"]) == (
+        updated, 2 if guarded else 3, 3, 0)
     assert general_shuffled > 0
     assert (side_shuffled > 0) == target_key_twice
 
