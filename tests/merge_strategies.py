@@ -193,3 +193,40 @@ def merge_cases(draw: st.DrawFn) -> MergeCase:
         files=draw(st.integers(1, 4)),
         steps=tuple(draw(merge_steps()) for _ in range(step_count)),
     )
+
+
+@st.composite
+def source_side_clause_lists(draw: st.DrawFn) -> tuple[Clause, ...]:
+    """Clauses whose written values all come from the source: WHEN MATCHED UPDATE SET * or DELETE
+    (their conditions may read the target), WHEN NOT MATCHED inserts, no NOT MATCHED BY SOURCE:
+    what a deletion-vector MERGE writes from the source side (streaming_merge.merge.dv_source_side)."""
+    matched: list[Clause] = []
+    count = draw(st.integers(0, 2))
+    for i in range(count):  # half the conditions read the target alone (a sequence guard's side)
+        condition = (draw(st.one_of(conditions(TARGET), conditions(BOTH)))
+                     if i < count - 1 or draw(st.booleans()) else None)
+        matched.append(Clause("matched", draw(st.sampled_from(("update_all", "delete"))), condition))
+    inserts = draw(st.integers(1, 2))
+    per_kind: dict[Kind, list[Clause]] = {"matched": matched, "not_matched": [
+        draw(clauses("not_matched", conditional=i < inserts - 1 or draw(st.booleans()))) for i in range(inserts)]}
+    labels = draw(st.permutations([kind for kind, listed in per_kind.items() for _ in listed]))
+    remaining = {kind: iter(listed) for kind, listed in per_kind.items()}
+    return tuple(next(remaining[kind]) for kind in labels)
+
+
+@st.composite
+def source_side_cases(draw: st.DrawFn) -> MergeCase:
+    """A target with an even number of rows (so the property test records no change data) and one
+    MERGE of 4 or 8 source rows (so its deletion-vector run writes from the source side) with
+    source_side_clause_lists."""
+    target = draw(table_rows(12))
+    columns = list(draw(st.permutations([*COLUMNS, "x"])))
+    step = MergeStep(tuple(draw(table_rows(8, min_size=8, with_x=True)))[: draw(st.sampled_from((4, 8)))],
+                     tuple(columns), draw(st.sampled_from(ON_CONDITIONS)), draw(source_side_clause_lists()))
+    return MergeCase(
+        target=tuple(target[: len(target) - len(target) % 2]),
+        partitioned=draw(st.booleans()),
+        layout=draw(st.sampled_from(["single", "round_robin", "by_key"])),
+        files=draw(st.integers(1, 4)),
+        steps=(step,),
+    )

@@ -43,7 +43,7 @@ from pyspark.sql import DataFrame, SparkSession
 from streaming_merge import DeltaTable
 from streaming_merge.errors import MergeAnalysisError, MultipleSourceRowMatchingTargetRowError
 from streaming_merge.merge.skipping import SourceStats
-from tests.merge_exprs import COLUMN_TYPES, COLUMNS, S, T, and_, eq, gt, is_null, lit, null_safe_eq
+from tests.merge_exprs import COLUMN_TYPES, COLUMNS, S, T, and_, eq, gt, is_null, lit, not_, null_safe_eq
 from tests.merge_model import (
     COUNT_KEYS,
     AmbiguousMultipleMatches,
@@ -59,7 +59,7 @@ from tests.merge_model import (
     not_matched_insert,
     not_matched_insert_all,
 )
-from tests.merge_strategies import MergeCase, MergeStep, merge_cases
+from tests.merge_strategies import MergeCase, MergeStep, merge_cases, source_side_cases
 
 Row = dict[str, Any]
 TARGET_DDL = ", ".join(f"{c} {COLUMN_TYPES[c]}" for c in COLUMNS)
@@ -147,9 +147,13 @@ def run_merge(spark: SparkSession, path: str, step: MergeStep, deletion_vectors:
         # One job that writes the changed rows and finds the rows to mark deleted: the target
         # streamed past the broadcast source (the inserts met with the joined rows by source row
         # id), or, with an odd number of source rows, a shuffled join (a source too large to
-        # broadcast).
+        # broadcast). With a multiple of 4, a MERGE whose matched clauses write only source values
+        # writes them from the source side (streaming_merge.merge.dv_source_side); with 2 more,
+        # the same MERGE takes the general plan.
         if len(step.source) % 2:
             builder = builder.withOptions(broadcast_source_bytes=-1)
+        elif len(step.source) % 4 == 2:
+            builder = builder.withOptions(dv_source_side_write=False)
         return builder.execute()
     # Which plan runs depends on the case only (so shrinking keeps it), and every plan faces the model.
     if len(step.source) % 2:
@@ -341,6 +345,16 @@ EXAMPLES: list[MergeCase] = [
     # null-safe ON: NULL keys match
     _case(TARGET, [_row(None, 40, "m", 0)], [matched_update({"v": S["v"]})], on=null_safe_eq(T["k"], S["k"]),
           partitioned=False),
+    # an upsert writing only source values, on a table without change data (an even row count): a
+    # DV MERGE writes it from the source side; a target key held twice (1): one source row updates
+    # two target rows, which takes the general plan
+    _case([*TARGET[:4], _row(1, 11, "a2", 1), _row(6, 6, "f", 0)],
+          [_row(1, 10, "z", 1), _row(3, 30, "y", 2), _row(8, 8, "h", 0), _row(9, 9, "i", 1)],
+          [matched_update_all(), not_matched_insert_all()]),
+    # the CDC preset: a delete flag (w = 'd') and a sequence guard that reads the target (s.v > t.v)
+    _case(TARGET[:4], [_row(1, 0, "u", 1), _row(2, 20, "u", 0), _row(3, 30, "d"), _row(9, 9, "d")],
+          [matched_delete(and_(eq(S["w"], lit("d")), gt(S["v"], T["v"]))),
+           matched_update_all(gt(S["v"], T["v"])), not_matched_insert_all(not_(eq(S["w"], lit("d"))))]),
     # invalid: an unconditional clause that is not the last of its kind
     _case(TARGET, [_row(1, 1)], [matched_delete(), matched_update({"v": S["v"]}, gt(S["v"], lit(0)))]),
 ]
@@ -362,6 +376,20 @@ def _with_examples(test: Any) -> Any:
 )
 @given(case=merge_cases())
 def test_merge_agrees_with_model(spark: SparkSession, case: MergeCase) -> None:
+    check_case(spark, case)
+
+
+@pytest.mark.slow
+@settings(
+    max_examples=int(os.environ.get("MERGE_PROPERTY_SOURCE_SIDE_EXAMPLES", "25")),
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(case=source_side_cases())
+def test_merges_a_dv_table_writes_from_the_source_side_agree_with_model(spark: SparkSession,
+                                                                        case: MergeCase) -> None:
+    """The random cases rarely fit the DV source-side write (no change data, 4 or 8 source rows,
+    only UPDATE SET * and DELETE when matched, no NOT MATCHED BY SOURCE): these all do."""
     check_case(spark, case)
 
 
