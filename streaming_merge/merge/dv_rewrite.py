@@ -12,7 +12,9 @@ positions are bounded by the source's rows and the rows the MERGE changes, not b
 The driver then checks for a target row matched twice (Delta's error, exactly as
 findTouchedFiles raises it), and builds each touched file's new deletion vector. Where the
 source is broadcast, the target's rows stream past it (no target row crosses a shuffle) and the
-inserts are found in the same job (see _streamed_past_source).
+inserts are found in the same job (see _streamed_past_source). When every written row is a
+source row (streaming_merge.merge.dv_source_side), a job finds the matched pairs and writes
+nothing, and a second one writes the source's rows (see _from_source_side).
 """
 
 from __future__ import annotations

@@ -71,9 +71,10 @@ class MergeOptions:
     # match, Delta's findTouchedFiles decides), so a wrong guess costs one extra write.
     single_pass: bool = True
     single_pass_min_rows_per_file: int = 8
-    # A deletion-vector MERGE whose MATCHED clauses read only the source (an upsert) writes its
-    # rows from the source after a job that only finds the matched pairs: no joined row crosses a
-    # shuffle (streaming_merge.merge.dv_source_side). False: the general plan.
+    # A deletion-vector MERGE whose MATCHED clauses write only source values (an upsert, the
+    # sink's CDC preset) writes its rows from the source after a job that only finds the matched
+    # pairs: no joined row crosses a shuffle (streaming_merge.merge.dv_source_side). False: the
+    # general plan.
     dv_source_side_write: bool = True
     # findTouchedFiles and the rewrite run without generated code (streaming_merge.spark.interpreted)
     # when the source's rows plus the candidate files' rows (the log's numRecords) are known and

@@ -245,4 +245,3 @@ def _perfect_hash(keys: np.ndarray) -> tuple[int, np.ndarray, np.ndarray, np.nda
         slot_of_key[members] = next_slot + keys[members] % chosen
         next_slot += chosen
     return modulus, moduli, offsets, slot_of_key, next_slot
-
