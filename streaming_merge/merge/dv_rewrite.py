@@ -149,7 +149,6 @@ def write_changes_with_deletion_vectors(
     src = source.select("*", *resolved.derive(("dv-source-columns",), lambda: [
         F.monotonically_increasing_id().alias(SOURCE_ROW_ID), F.lit(True).alias(SOURCE_PRESENT)])
     ).alias(resolved.source_alias)
-    observation = Observation()
     position = lookup(spark, ids.ids, list(range(1, len(ids.ids) + 1)), F.col(FILE_ID_COL))
     side = source_side(resolved, tgt, src) if broadcast_source and from_source_side else None
     if side is not None:
@@ -157,6 +156,7 @@ def write_changes_with_deletion_vectors(
                                                 side)
         if written_from_source is not None:
             return written_from_source
+    observation = Observation()
     if broadcast_source:
         output = _streamed_past_source(spark, resolved, tgt, src, layout, observation, position)
     else:  # a source too large to broadcast: one shuffled join, source rows preserved for the inserts
@@ -171,13 +171,7 @@ def write_changes_with_deletion_vectors(
     try:
         values = _observed_row(observation)
         changed, matched = _positions(values.pop(_MATCHED, None))
-        # No observation (Spark proved the joined rows empty, e.g. no candidate file): all zero.
-        counts = {name: int(values.get(name) or 0) for name in _TARGET_COUNTS}
-        counts["numTargetRowsCopied"] = 0
-        # Every written row is an updated or an inserted one.
-        counts["numTargetRowsInserted"] = (sum(w.num_records for w in written if not w.change_data)
-                                           - counts["numTargetRowsMatchedUpdated"]
-                                           - counts["numTargetRowsNotMatchedBySourceUpdated"])
+        counts = _row_counts(values, written)
         if not resolved.clauses.is_only_one_unconditional_delete:
             _check_single_matches(snapshot, candidates, matched)
         else:  # a row matched twice is deleted once, and counted once (as Delta does)
@@ -225,15 +219,24 @@ def _from_source_side(spark: SparkSession, snapshot: Snapshot, candidates: Seque
         *outputs(resolved, writers, False))
     with phase(spark, "dvSourceWrite"):
         written = write_frame(spark, snapshot, rows, resolved, layout)
-    counts = {name: int(values.get(name) or 0) for name in _TARGET_COUNTS}
-    counts["numTargetRowsCopied"] = 0
-    counts["numTargetRowsInserted"] = sum(w.num_records for w in written) - counts["numTargetRowsMatchedUpdated"]
     with phase(spark, "dvVectors"):
         try:
-            return DvRewriteResult(written, counts, _changes(snapshot, candidates, changed))
+            return DvRewriteResult(written, _row_counts(values, written), _changes(snapshot, candidates, changed))
         except BaseException:
             delete_written(spark, snapshot.location, written)
             raise
+
+
+def _row_counts(values: dict[str, Any], written: Sequence[WrittenFile]) -> dict[str, int]:
+    """The target row counts from the observed ``values`` (none observed: Spark proved the
+    joined rows empty, e.g. no candidate file, and all are zero) and the written files: a DV
+    MERGE copies no row, and every written row is an updated or an inserted one."""
+    counts = {name: int(values.get(name) or 0) for name in _TARGET_COUNTS}
+    counts["numTargetRowsCopied"] = 0
+    counts["numTargetRowsInserted"] = (sum(w.num_records for w in written if not w.change_data)
+                                       - counts["numTargetRowsMatchedUpdated"]
+                                       - counts["numTargetRowsNotMatchedBySourceUpdated"])
+    return counts
 
 
 def _id_text(row_id: Column) -> Column:
@@ -243,6 +246,7 @@ def _id_text(row_id: Column) -> Column:
 
 
 def _ids(text: object) -> np.ndarray:
+    """The longs of an observed text (see _id_text); none for a missing one."""
     return np.fromstring(str(text), dtype=np.int64, sep=",") if text else np.zeros(0, dtype=np.int64)
 
 
@@ -258,7 +262,7 @@ def _observed(resolved: ResolvedMerge, joined: DataFrame, clauses: Sequence[Reso
                               F.col(SOURCE_ROW_ID), _packed_position(resolved, position).alias(_PACKED),
                               *(preimage_columns(resolved) if resolved.change_data and not narrow else []))
     return rows.observe(observation, *_target_counts(resolved),
-                        F.concat_ws(",", F.collect_list(_PACKED).cast("array<string>")).alias(_MATCHED), *also)
+                        _id_text(F.col(_PACKED)).alias(_MATCHED), *also)
 
 
 def _packed_position(resolved: ResolvedMerge, position: Column) -> Column:
@@ -400,7 +404,7 @@ def _positions(observed: object) -> tuple[np.ndarray, np.ndarray]:
     """From the observed text (see _packed_position): the changed target rows as (candidate
     position, row index) pairs, and the matched target rows as one number each (the same for the
     same row), for the multiple-match check."""
-    values = np.fromstring(str(observed), dtype=np.int64, sep=",") if observed else np.zeros(0, dtype=np.int64)
+    values = _ids(observed)
     unmatched = values < 0
     values = np.where(unmatched, -1 - values, values)
     changed = (values >> _ROW_BITS) & 1 == 1
