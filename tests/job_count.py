@@ -38,8 +38,15 @@ def _in_group(spark: SparkSession, call: Callable[[], Any]) -> tuple[list[int], 
 
 def shuffled_bytes_of(spark: SparkSession, call: Callable[[], Any]) -> tuple[int, Any]:
     """(Bytes the call's jobs wrote to shuffle files, its result), from Spark's status store."""
+    _, shuffled, result = jobs_and_shuffled_bytes_of(spark, call)
+    return shuffled, result
+
+
+def jobs_and_shuffled_bytes_of(spark: SparkSession, call: Callable[[], Any]) -> tuple[int, int, Any]:
+    """(Spark jobs the call ran, bytes they wrote to shuffle files, its result): one job group
+    for both counts (the helpers above each set a group of their own, so they do not nest)."""
     jobs, result = _in_group(spark, call)
     tracker = spark.sparkContext.statusTracker()
     store = spark.sparkContext._jsc.sc().statusStore()
     stages = [s for j in jobs if (info := tracker.getJobInfo(j)) is not None for s in info.stageIds]
-    return sum(int(store.lastStageAttempt(s).shuffleWriteBytes()) for s in stages), result
+    return len(jobs), sum(int(store.lastStageAttempt(s).shuffleWriteBytes()) for s in stages), result

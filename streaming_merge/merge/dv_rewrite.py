@@ -58,6 +58,7 @@ from streaming_merge.merge.rewrite import (
 )
 from streaming_merge.merge.touched import FILE_ID_COL, MAX_REPORTED_ROWS, MULTIPLE_MATCH_MESSAGE, scan_with_file_ids
 from streaming_merge.spark.constant_lookup import lookup
+from streaming_merge.spark.jvm import jvm_class
 from streaming_merge.spark.profile import phase
 from streaming_merge.spark.slots import task_slots
 from streaming_merge.table.dv_positions import deleted_positions_of
@@ -169,7 +170,7 @@ def write_changes_with_deletion_vectors(
     with phase(spark, "dvJoinWrite"):
         written = write_frame(spark, snapshot, output, resolved, layout, deletes)
     try:
-        values = _observed_row(observation)
+        values = _observed_row(spark, observation)
         changed, matched = _positions(values.pop(_MATCHED, None))
         counts = _row_counts(values, written)
         if not resolved.clauses.is_only_one_unconditional_delete:
@@ -187,18 +188,22 @@ def _from_source_side(spark: SparkSession, snapshot: Snapshot, candidates: Seque
                       resolved: ResolvedMerge, tgt: DataFrame, src: DataFrame, layout: FileLayout,
                       position: Column, side: SourceSide) -> DvRewriteResult | None:
     """The MERGE as dv_source_side describes it: a job that writes nothing and observes the
-    matched pairs, then the source's rows written by the clause each takes. None, with nothing
-    written, when a source row matched two target rows (the caller then runs the general plan)."""
+    matched pairs, then the source's rows written by the clause each takes (in one job with the
+    matching where the clause does not depend on it). None, with nothing written, when a source
+    row matched two target rows (the caller then runs the general plan)."""
     observation = Observation()
     joined = tgt.join(F.broadcast(src), resolved.condition, "inner")
+    if side.same_row_either_way:
+        return _matched_beside_write(spark, snapshot, candidates, resolved, joined, src, layout, position,
+                                     observation)
     updates = [c.code for c in resolved.matched if c.outputs is not None] if side.decided_in_match else []
     with phase(spark, "dvMatch"):
         (_observed(resolved, joined, resolved.matched, observation, position, narrow=True, also=[
-            _id_text(F.col(SOURCE_ROW_ID)).alias(_JOINED_ROW_IDS),
-            *[_id_text(F.when(F.col(ACTION_COL) == code, F.col(SOURCE_ROW_ID))).alias(f"{_UPDATED_ROW_IDS}{code}")
+            _id_list(F.col(SOURCE_ROW_ID)).alias(_JOINED_ROW_IDS),
+            *[_id_list(F.when(F.col(ACTION_COL) == code, F.col(SOURCE_ROW_ID))).alias(f"{_UPDATED_ROW_IDS}{code}")
               for code in updates]])
          .write.format("noop").mode("overwrite").save())
-    values = _observed_row(observation)
+    values = _observed_row(spark, observation)
     changed, matched = _positions(values.pop(_MATCHED, None))
     joined_ids = _ids(values.pop(_JOINED_ROW_IDS, None))
     if len(np.unique(joined_ids)) < len(joined_ids):
@@ -227,6 +232,39 @@ def _from_source_side(spark: SparkSession, snapshot: Snapshot, candidates: Seque
             raise
 
 
+def _matched_beside_write(spark: SparkSession, snapshot: Snapshot, candidates: Sequence[DataFile],
+                          resolved: ResolvedMerge, joined: DataFrame, src: DataFrame, layout: FileLayout,
+                          position: Column, observation: Observation) -> DvRewriteResult | None:
+    """A MERGE whose every source row writes the same row matched or not
+    (SourceSide.same_row_either_way): the source's rows are written in the job that streams the
+    target's keys past the broadcast source, whose observed pairs then give the positions to
+    mark and the counts; the join's own rows write nothing. The written files are deleted
+    again when the pairs break the multiple-match rule, or when a source row matched two target
+    rows (None: the general plan then writes one updated row per match)."""
+    insert = resolved.not_matched[0]
+    rows = src.withColumn(ACTION_COL, F.lit(insert.code)).select(*outputs(resolved, [insert], False))
+    nothing = resolved.derive(("dv-no-rows",), lambda: [F.lit(None).cast(f.dataType).alias(f.name)
+                                                       for f in resolved.output_schema.fields])
+    matching = (_observed(resolved, joined, resolved.matched, observation, position, narrow=True,
+                          also=[_id_list(F.col(SOURCE_ROW_ID)).alias(_JOINED_ROW_IDS)])
+                .filter(_written(resolved, [])).select(*nothing))
+    with phase(spark, "dvMatchWrite"):
+        written = write_frame(spark, snapshot, rows, resolved, layout, alongside=matching)
+    try:
+        values = _observed_row(spark, observation)
+        changed, matched = _positions(values.pop(_MATCHED, None))
+        joined_ids = _ids(values.pop(_JOINED_ROW_IDS, None))
+        if len(np.unique(joined_ids)) < len(joined_ids):
+            delete_written(spark, snapshot.location, written)
+            return None
+        _check_single_matches(snapshot, candidates, matched)
+        with phase(spark, "dvVectors"):
+            return DvRewriteResult(written, _row_counts(values, written), _changes(snapshot, candidates, changed))
+    except BaseException:
+        delete_written(spark, snapshot.location, written)
+        raise
+
+
 def _row_counts(values: dict[str, Any], written: Sequence[WrittenFile]) -> dict[str, int]:
     """The target row counts from the observed ``values`` (none observed: Spark proved the
     joined rows empty, e.g. no candidate file, and all are zero) and the written files: a DV
@@ -239,14 +277,22 @@ def _row_counts(values: dict[str, Any], written: Sequence[WrittenFile]) -> dict[
     return counts
 
 
-def _id_text(row_id: Column) -> Column:
-    """The (non-NULL) values of a column of longs over the observed rows, as one text: it
-    crosses from the JVM as one string (see _observed_row)."""
-    return F.concat_ws(",", F.collect_list(row_id).cast("array<string>"))
+def _id_list(row_id: Column) -> Column:
+    """The (non-NULL) values of a column of longs over the observed rows, as a list: the
+    driver's scheduler evaluates an observation's final value after every task for the UI, so
+    it stays a plain array; _observed_row turns it into one text in the JVM (a text built here,
+    by concat_ws, cost ~70 ms of the scheduler's thread per 80k-row upsert, partly on the
+    job's critical path)."""
+    return F.collect_list(row_id)
+
+
+def _is_id_list(name: str) -> bool:
+    """Whether an observed field is one of _id_list's."""
+    return name in (_MATCHED, _JOINED_ROW_IDS) or name.startswith(_UPDATED_ROW_IDS)
 
 
 def _ids(text: object) -> np.ndarray:
-    """The longs of an observed text (see _id_text); none for a missing one."""
+    """The longs of an observed list's text (see _observed_row); none for a missing one."""
     return np.fromstring(str(text), dtype=np.int64, sep=",") if text else np.zeros(0, dtype=np.int64)
 
 
@@ -262,7 +308,7 @@ def _observed(resolved: ResolvedMerge, joined: DataFrame, clauses: Sequence[Reso
                               F.col(SOURCE_ROW_ID), _packed_position(resolved, position).alias(_PACKED),
                               *(preimage_columns(resolved) if resolved.change_data and not narrow else []))
     return rows.observe(observation, *_target_counts(resolved),
-                        _id_text(F.col(_PACKED)).alias(_MATCHED), *also)
+                        _id_list(F.col(_PACKED)).alias(_MATCHED), *also)
 
 
 def _packed_position(resolved: ResolvedMerge, position: Column) -> Column:
@@ -280,17 +326,20 @@ def _packed_position(resolved: ResolvedMerge, position: Column) -> Column:
         target_present & F.col(ACTION_COL).isin(by_source), F.lit(-1) - packed)
 
 
-def _observed_row(observation: Observation) -> dict[str, Any]:
-    """The observation's values read field by field from the JVM's row. PySpark's
-    ``Observation.get`` pickles the row into a byte array, which py4j decodes a byte at a time
-    in Python (150 ms for the 1.3 MB of positions of an 80k-row upsert); a string field crosses
-    as a string. Empty when the observation never arrived (see rewrite.observed)."""
+def _observed_row(spark: SparkSession, observation: Observation) -> dict[str, Any]:
+    """The observation's values read field by field from the JVM's row, an id list (_id_list)
+    as one text joined in the JVM. PySpark's ``Observation.get`` pickles the row into a byte
+    array, which py4j decodes a byte at a time in Python (150 ms for the 1.3 MB of positions of
+    an 80k-row upsert); a string crosses as a string. Empty when the observation never arrived
+    (see rewrite.observed)."""
     try:
         row = observation._jo.getRow()  # type: ignore[union-attr]
     except Exception as exc:  # Py4JJavaError: the metrics row never arrived
         log.debug("Observation %s not reported (subtree optimized away as empty): %s", observation, exc)
         return {}
-    return {name: row.get(i) for i, name in enumerate(row.schema().fieldNames())}
+    join = jvm_class(spark, "org.apache.commons.lang3.StringUtils").join
+    return {name: join(row.getList(i), ",") if _is_id_list(name) else row.get(i)
+            for i, name in enumerate(row.schema().fieldNames())}
 
 
 def _names(resolved: ResolvedMerge) -> list[str]:

@@ -11,6 +11,11 @@ written, each by its clause. The general plan (dv_rewrite._streamed_past_source)
 joined row, with all its columns, through a shuffle to meet the source's rows and find the
 inserts; here no row crosses a shuffle and the target side reads the join's columns only.
 
+When a source row writes the same row whether it matched or not (an unconditional
+``UPDATE SET *`` beside an unconditional ``INSERT *``: the plain upsert), the write needs nothing
+from the matching: both run as one job, the source's rows written beside the target's keys
+streaming past the broadcast source (see ``SourceSide.same_row_either_way``).
+
 A source row that matched two target rows (a key the target holds twice) would write one
 updated row per match: the caller then runs the general plan.
 """
@@ -24,7 +29,7 @@ import numpy as np
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from streaming_merge.merge.resolve import ResolvedMerge
+from streaming_merge.merge.resolve import ResolvedClause, ResolvedMerge
 from streaming_merge.spark.constant_lookup import lookup
 from streaming_merge.table.dv_filter import bitset_membership
 
@@ -38,9 +43,13 @@ _ORDER_KEEPING = frozenset({"Project", "Filter", "LogicalRDD", "ExternalRDD", "L
 class SourceSide:
     """A MERGE that writes from the source side. ``decided_in_match``: a MATCHED condition reads
     the target row or is not deterministic, so the job that finds the matched pairs records the
-    update each matched source row took (the write cannot evaluate it again)."""
+    update each matched source row took (the write cannot evaluate it again).
+    ``same_row_either_way``: every source row writes the same row matched or not (one
+    unconditional update and one unconditional insert of equal values), so the write need not
+    wait for the matching, nor tell the matched rows apart."""
 
     decided_in_match: bool
+    same_row_either_way: bool = False
 
 
 def source_side(resolved: ResolvedMerge, target: DataFrame, source: DataFrame) -> SourceSide | None:
@@ -51,26 +60,55 @@ def source_side(resolved: ResolvedMerge, target: DataFrame, source: DataFrame) -
         return None
     # In a tuple: an answer of None is remembered too.
     (found,) = resolved.derive(("dv-source-side",), lambda: (_matched_clauses(resolved, target, source),))
-    return found if found is not None and _keeps_row_order(source) else None
+    if found is None or found.same_row_either_way:  # the latter never tells source rows apart
+        return found
+    return found if _keeps_row_order(source) else None
 
 
 def _matched_clauses(resolved: ResolvedMerge, target: DataFrame, source: DataFrame) -> SourceSide | None:
-    """From one analysis of the MATCHED clauses' conditions and values over the join."""
+    """From one analysis of the MATCHED clauses' conditions and values over the join (and of
+    the insert's values, to compare with an unconditional update's)."""
     conditions = [c.condition for c in resolved.matched if c.condition is not None]
     values = [v for c in resolved.matched if c.outputs is not None for v in c.outputs.values()]
     if not conditions and not values:
         return SourceSide(decided_in_match=False)
-    plan = target.join(source, resolved.condition).select(*conditions, *values)._jdf.queryExecution().analyzed()
+    update, insert = _lone_unconditional(resolved)
+    names = list(update.outputs) if update is not None and update.outputs is not None else []
+    inserted = [insert.outputs[n] for n in names] if insert is not None and insert.outputs is not None else []
+    plan = target.join(source, resolved.condition).select(*conditions, *values, *inserted)._jdf.queryExecution(
+    ).analyzed()
     target_columns = target._jdf.queryExecution().analyzed().outputSet()
     listed = plan.expressions()
+    matched_end = len(conditions) + len(values)
 
     def plain(i: int) -> bool:  # reads no target column and is deterministic
         expression = listed.apply(i)
         return bool(expression.references().intersect(target_columns).isEmpty()) and bool(expression.deterministic())
 
-    if not all(plain(i) for i in range(len(conditions), listed.size())):
+    if not all(plain(i) for i in range(len(conditions), matched_end)):
         return None
-    return SourceSide(decided_in_match=not all(plain(i) for i in range(len(conditions))))
+    same = len(inserted) == len(values) > 0 and all(
+        _unaliased(listed.apply(i)).semanticEquals(_unaliased(listed.apply(matched_end + i)))
+        for i in range(len(values)))
+    return SourceSide(decided_in_match=not all(plain(i) for i in range(len(conditions))),
+                      same_row_either_way=bool(same))
+
+
+def _lone_unconditional(resolved: ResolvedMerge) -> tuple[ResolvedClause | None, ResolvedClause | None]:
+    """The MERGE's update and insert when it has one clause of each kind, neither conditional
+    (None, None otherwise)."""
+    if len(resolved.matched) != 1 or len(resolved.not_matched) != 1:
+        return None, None
+    update, insert = resolved.matched[0], resolved.not_matched[0]
+    if update.condition is not None or insert.condition is not None or update.outputs is None or (
+            insert.outputs is None or set(update.outputs) != set(insert.outputs)):
+        return None, None
+    return update, insert
+
+
+def _unaliased(expression: Any) -> Any:
+    """A projected expression without the name the projection gave it."""
+    return expression.child() if str(expression.nodeName()) == "Alias" else expression
 
 
 def _keeps_row_order(source: DataFrame) -> bool:

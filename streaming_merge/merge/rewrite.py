@@ -234,8 +234,10 @@ class FileLayout:
 
 def write_frame(spark: SparkSession, snapshot: Snapshot, frame: DataFrame, resolved: ResolvedMerge,
                 layout: FileLayout, inserts: DataFrame | None = None, parallelism: int | None = None,
-                map_side: bool = False, change_data: bool | None = None) -> list[WrittenFile]:
+                map_side: bool = False, change_data: bool | None = None, alongside: DataFrame | None = None
+                ) -> list[WrittenFile]:
     """Write ``frame`` (and ``inserts``, rows of a plan of their own) as the layout says;
+    ``alongside``: a plan that writes no row, run in the same job for what it observes;
     ``parallelism``: the task slots when the caller already asked Spark for them; ``map_side``:
     ``frame`` is the target's scan with no exchange after it (a map-side rewrite);
     ``change_data``: the rows carry ``_change_type`` (streaming_merge.merge.change_data; by
@@ -266,6 +268,8 @@ def write_frame(spark: SparkSession, snapshot: Snapshot, frame: DataFrame, resol
             session_max = int(spark._jsparkSession.sessionState().conf().filesMaxPartitionBytes())
             split_conf = scan_split_conf(layout, session_max)
         frame = frame.coalesce(files)
+    if alongside is not None:  # after the layout's shaping: its partitions keep their own tasks
+        frame = frame.unionByName(alongside)
     with temporary_conf(spark, split_conf):
         return write_files(spark, frame, snapshot.location, resolved.output_schema, partition_columns,
                            change_data=resolved.change_data if change_data is None else change_data)

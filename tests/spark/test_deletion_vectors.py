@@ -32,7 +32,7 @@ from streaming_merge.errors import (
 from streaming_merge.table import dv_log
 from streaming_merge.table.snapshot import load_snapshot
 from tests.delta_fixtures import FIXTURES, fixture_copy
-from tests.job_count import shuffled_bytes_of
+from tests.job_count import jobs_and_shuffled_bytes_of, shuffled_bytes_of
 
 DELETION_VECTORS = {"delta.enableDeletionVectors": "true"}
 
@@ -182,6 +182,70 @@ def test_an_upsert_whose_matched_clauses_write_only_source_values_writes_no_row_
         updated, 2 if guarded else 3, 3, 0)
     assert general_shuffled > 0
     assert (side_shuffled > 0) == target_key_twice
+
+
+_UPSERTS = {  # clauses, and whether a source row writes the same row matched or not
+    "update all, insert all": (lambda m: m.whenMatchedUpdateAll().whenNotMatchedInsertAll(), True),
+    "equal explicit values": (lambda m: m.whenMatchedUpdate(set={"k": "s.k", "v": "s.v", "w": "s.w"})
+                              .whenNotMatchedInsert(values={"k": "s.k", "v": "s.v", "w": "s.w"}), True),
+    "an update of other values": (lambda m: m.whenMatchedUpdate(set={"k": "s.k", "v": "s.v + 1", "w": "s.w"})
+                                  .whenNotMatchedInsertAll(), False),
+}
+
+
+@pytest.mark.parametrize("clauses", list(_UPSERTS))
+@pytest.mark.parametrize("target_key_twice", [False, True])
+def test_a_plain_upsert_writes_its_rows_in_the_job_that_matches_them(spark: SparkSession, tmp_path: Path,
+                                                                      clauses: str, target_key_twice: bool) -> None:
+    """When a source row writes the same row whether it matched or not, the matching and the
+    write are one job: as many jobs as the general plan, and no shuffle. A key the target holds
+    twice takes the general plan after that job, whose files leave no trace."""
+    add_clauses, same_row_either_way = _UPSERTS[clauses]
+    source_rows = [(k, -k, "x") for k in [*range(0, 400, 40), 1000, 1001]]
+    results = []
+    for source_side in (True, False):
+        path = str(tmp_path / f"t-{source_side}")
+        table = _dv_table(spark, path)
+        if target_key_twice:  # key 40 a second time
+            twin = spark.createDataFrame([(40, -1, "twin")], "k long, v long, w string")
+            table.alias("t").merge(twin.alias("s"), "t.k = s.k + 100000").whenNotMatchedInsertAll().execute()
+        source = spark.createDataFrame(source_rows, "k long, v long, w string")
+        builder = table.alias("t").merge(source.alias("s"), "t.k = s.k").withOptions(dv_source_side_write=source_side)
+        jobs, shuffled, metrics = jobs_and_shuffled_bytes_of(spark, add_clauses(builder).execute)
+        assert _data_files_on_disk(path) == _data_files_ever_added(path)  # nothing written and left behind
+        assert delta_rs_rows(path) == our_rows(spark, path)
+        results.append((jobs, shuffled, {k: metrics[k] for k in _COUNTS}, our_rows(spark, path)))
+    (side_jobs, side_shuffled, side_metrics, side_rows), (general_jobs, _, general_metrics, general_rows) = results
+    assert side_rows == general_rows and side_metrics == general_metrics
+    assert (side_metrics["numTargetRowsUpdated"], side_metrics["numTargetRowsInserted"]) == (
+        10 + (1 if target_key_twice else 0), 2)
+    if target_key_twice:  # the source side's first job, then the general plan
+        assert side_shuffled > 0 and side_jobs > general_jobs
+    else:
+        assert side_shuffled == 0
+        assert side_jobs == general_jobs + (0 if same_row_either_way else 1)
+
+
+def _data_files_on_disk(path: str) -> set[str]:
+    return {p.relative_to(path).as_posix() for p in Path(path).rglob("*.parquet") if "_delta_log" not in p.parts}
+
+
+def _data_files_ever_added(path: str) -> set[str]:
+    """The data files some commit of the table added (a removed one stays until VACUUM)."""
+    actions = [json.loads(line) for commit in sorted(Path(path, "_delta_log").glob("*.json"))
+               for line in commit.read_text().splitlines()]
+    return {a["add"]["path"] for a in actions if "add" in a}
+
+
+def test_a_plain_upsert_whose_source_matches_a_row_twice_raises_and_leaves_nothing(spark: SparkSession,
+                                                                                  tmp_path: Path) -> None:
+    path = str(tmp_path / "t")
+    table = _dv_table(spark, path, rows=20, files=2)
+    before = (deltalake.DeltaTable(path).version(), sorted(p.as_posix() for p in Path(path).rglob("*")))
+    twice = spark.createDataFrame([(3, 1, "a"), (3, 2, "b"), (400, 1, "c")], "k long, v long, w string")
+    with pytest.raises(MultipleSourceRowMatchingTargetRowError, match="multiple source rows matched"):
+        table.alias("t").merge(twice.alias("s"), "t.k = s.k").whenMatchedUpdateAll().whenNotMatchedInsertAll().execute()
+    assert (deltalake.DeltaTable(path).version(), sorted(p.as_posix() for p in Path(path).rglob("*"))) == before
 
 
 def test_a_file_whose_rows_are_all_deleted_is_removed(spark: SparkSession, tmp_path: Path) -> None:
