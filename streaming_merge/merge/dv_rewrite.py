@@ -241,8 +241,8 @@ def _matched_beside_write(spark: SparkSession, snapshot: Snapshot, candidates: S
     mark and the counts; the join's own rows write nothing. The written files are deleted
     again when the pairs break the multiple-match rule, or when a source row matched two target
     rows (None: the general plan then writes one updated row per match)."""
-    insert = resolved.not_matched[0]
-    rows = src.withColumn(ACTION_COL, F.lit(insert.code)).select(*outputs(resolved, [insert], False))
+    rows = (src.withColumn(ACTION_COL, first_applicable(resolved, resolved.not_matched, DROP))
+            .filter(_written(resolved, resolved.not_matched)).select(*outputs(resolved, resolved.not_matched, False)))
     nothing = resolved.derive(("dv-no-rows",), lambda: [F.lit(None).cast(f.dataType).alias(f.name)
                                                        for f in resolved.output_schema.fields])
     matching = (_observed(resolved, joined, resolved.matched, observation, position, narrow=True,

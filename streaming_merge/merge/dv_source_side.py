@@ -11,10 +11,11 @@ written, each by its clause. The general plan (dv_rewrite._streamed_past_source)
 joined row, with all its columns, through a shuffle to meet the source's rows and find the
 inserts; here no row crosses a shuffle and the target side reads the join's columns only.
 
-When a source row writes the same row whether it matched or not (an unconditional
-``UPDATE SET *`` beside an unconditional ``INSERT *``: the plain upsert), the write needs nothing
-from the matching: both run as one job, the source's rows written beside the target's keys
-streaming past the broadcast source (see ``SourceSide.same_row_either_way``).
+When a source row writes the same row whether it matched or not (``UPDATE SET *`` beside
+``INSERT *`` under the same condition, as in a plain upsert or the CDC preset without a sequence
+guard, deletes aside), the write needs nothing from the matching: both run as one job, the
+source's rows written beside the target's keys streaming past the broadcast source (see
+``SourceSide.same_row_either_way``).
 
 A source row that matched two target rows (a key the target holds twice) would write one
 updated row per match: the caller then runs the general plan.
@@ -44,9 +45,9 @@ class SourceSide:
     """A MERGE that writes from the source side. ``decided_in_match``: a MATCHED condition reads
     the target row or is not deterministic, so the job that finds the matched pairs records the
     update each matched source row took (the write cannot evaluate it again).
-    ``same_row_either_way``: every source row writes the same row matched or not (one
-    unconditional update and one unconditional insert of equal values), so the write need not
-    wait for the matching, nor tell the matched rows apart."""
+    ``same_row_either_way``: every source row writes the same row, or none, matched or not (see
+    _update_beside_insert), so the write need not wait for the matching, nor tell the matched
+    rows apart."""
 
     decided_in_match: bool
     same_row_either_way: bool = False
@@ -67,15 +68,20 @@ def source_side(resolved: ResolvedMerge, target: DataFrame, source: DataFrame) -
 
 def _matched_clauses(resolved: ResolvedMerge, target: DataFrame, source: DataFrame) -> SourceSide | None:
     """From one analysis of the MATCHED clauses' conditions and values over the join (and of
-    the insert's values, to compare with an unconditional update's)."""
+    the insert's values and condition, to compare with the update's: see _update_beside_insert)."""
     conditions = [c.condition for c in resolved.matched if c.condition is not None]
     values = [v for c in resolved.matched if c.outputs is not None for v in c.outputs.values()]
     if not conditions and not values:
         return SourceSide(decided_in_match=False)
-    update, insert = _lone_unconditional(resolved)
-    names = list(update.outputs) if update is not None and update.outputs is not None else []
-    inserted = [insert.outputs[n] for n in names] if insert is not None and insert.outputs is not None else []
-    plan = target.join(source, resolved.condition).select(*conditions, *values, *inserted)._jdf.queryExecution(
+    shape = _update_beside_insert(resolved)
+    compared: list[Column] = []
+    if shape is not None:
+        update, insert, deletes_before = shape
+        assert update.outputs is not None and insert.outputs is not None
+        compared = [*[insert.outputs[n] for n in update.outputs], *[~d.condition for d in deletes_before
+                                                                     if d.condition is not None]]
+        compared += [c for c in (update.condition, insert.condition) if c is not None]
+    plan = target.join(source, resolved.condition).select(*conditions, *values, *compared)._jdf.queryExecution(
     ).analyzed()
     target_columns = target._jdf.queryExecution().analyzed().outputSet()
     listed = plan.expressions()
@@ -85,25 +91,43 @@ def _matched_clauses(resolved: ResolvedMerge, target: DataFrame, source: DataFra
         expression = listed.apply(i)
         return bool(expression.references().intersect(target_columns).isEmpty()) and bool(expression.deterministic())
 
+    def same(i: int, j: int) -> bool:
+        return bool(_unaliased(listed.apply(i)).semanticEquals(_unaliased(listed.apply(j))))
+
     if not all(plain(i) for i in range(len(conditions), matched_end)):
         return None
-    same = len(inserted) == len(values) > 0 and all(
-        _unaliased(listed.apply(i)).semanticEquals(_unaliased(listed.apply(matched_end + i)))
-        for i in range(len(values)))
-    return SourceSide(decided_in_match=not all(plain(i) for i in range(len(conditions))),
-                      same_row_either_way=bool(same))
+    decided_in_match = not all(plain(i) for i in range(len(conditions)))
+    if shape is None or decided_in_match:
+        return SourceSide(decided_in_match=decided_in_match)
+    update, insert, deletes_before = shape
+    negated = matched_end + len(values)  # the first NOT of a delete's condition in ``compared``
+    update_condition = negated + len(deletes_before) if update.condition is not None else None
+    return SourceSide(decided_in_match=False, same_row_either_way=(
+        all(same(len(conditions) + i, matched_end + i) for i in range(len(values)))
+        and (update_condition is None or all(same(negated + k, update_condition) for k in range(len(deletes_before))))
+        and (update.condition is None) == (insert.condition is None)
+        and (update_condition is None or same(update_condition, update_condition + 1))))
 
 
-def _lone_unconditional(resolved: ResolvedMerge) -> tuple[ResolvedClause | None, ResolvedClause | None]:
-    """The MERGE's update and insert when it has one clause of each kind, neither conditional
-    (None, None otherwise)."""
-    if len(resolved.matched) != 1 or len(resolved.not_matched) != 1:
-        return None, None
-    update, insert = resolved.matched[0], resolved.not_matched[0]
-    if update.condition is not None or insert.condition is not None or update.outputs is None or (
-            insert.outputs is None or set(update.outputs) != set(insert.outputs)):
-        return None, None
-    return update, insert
+def _update_beside_insert(resolved: ResolvedMerge
+                          ) -> tuple[ResolvedClause, ResolvedClause, list[ResolvedClause]] | None:
+    """(The update, the insert, the deletes before the update) of a MERGE whose MATCHED clauses
+    are deletes and one update and whose one NOT MATCHED clause inserts the same columns; None
+    otherwise. Where the two write the same values under the same condition, a source row writes
+    the same row matched or not: a delete after the update writes nothing where the update does
+    not apply, as the insert does for an unmatched row; one before it must be the update's exact
+    opposite (the CDC preset's ``s.deleted`` beside ``NOT s.deleted``), never taking a row the
+    update would write."""
+    updates = [c for c in resolved.matched if c.outputs is not None]
+    if len(updates) != 1 or len(resolved.not_matched) != 1:
+        return None
+    update, insert = updates[0], resolved.not_matched[0]
+    if insert.outputs is None or update.outputs is None or set(update.outputs) != set(insert.outputs):
+        return None
+    deletes_before = resolved.matched[:next(i for i, c in enumerate(resolved.matched) if c is update)]
+    if deletes_before and (update.condition is None or any(d.condition is None for d in deletes_before)):
+        return None  # an unconditional delete before the update: the update never applies
+    return update, insert, deletes_before
 
 
 def _unaliased(expression: Any) -> Any:

@@ -184,12 +184,18 @@ def test_an_upsert_whose_matched_clauses_write_only_source_values_writes_no_row_
     assert (side_shuffled > 0) == target_key_twice
 
 
-_UPSERTS = {  # clauses, and whether a source row writes the same row matched or not
-    "update all, insert all": (lambda m: m.whenMatchedUpdateAll().whenNotMatchedInsertAll(), True),
+_UPSERTS = {  # clauses; whether a source row writes the same row matched or not; rows updated, inserted, deleted
+    "update all, insert all": (lambda m: m.whenMatchedUpdateAll().whenNotMatchedInsertAll(), True, (12, 3, 0)),
     "equal explicit values": (lambda m: m.whenMatchedUpdate(set={"k": "s.k", "v": "s.v", "w": "s.w"})
-                              .whenNotMatchedInsert(values={"k": "s.k", "v": "s.v", "w": "s.w"}), True),
+                              .whenNotMatchedInsert(values={"k": "s.k", "v": "s.v", "w": "s.w"}), True, (12, 3, 0)),
+    "the CDC clauses": (lambda m: m.whenMatchedDelete("s.w = 'd'").whenMatchedUpdateAll("NOT s.w = 'd'")
+                        .whenNotMatchedInsertAll("NOT s.w = 'd'"), True, (11, 2, 1)),
     "an update of other values": (lambda m: m.whenMatchedUpdate(set={"k": "s.k", "v": "s.v + 1", "w": "s.w"})
-                                  .whenNotMatchedInsertAll(), False),
+                                  .whenNotMatchedInsertAll(), False, (12, 3, 0)),
+    "a guard reading the target": (lambda m: m.whenMatchedDelete("s.w = 'd'").whenMatchedUpdateAll(
+        "NOT s.w = 'd' AND s.v < t.v").whenNotMatchedInsertAll("NOT s.w = 'd'"), False, (9, 2, 1)),
+    "a delete before the update, not its opposite": (lambda m: m.whenMatchedDelete("s.v > 100").whenMatchedUpdateAll(
+        "NOT s.w = 'd'").whenNotMatchedInsertAll("NOT s.w = 'd'"), False, (10, 2, 1)),
 }
 
 
@@ -200,8 +206,9 @@ def test_a_plain_upsert_writes_its_rows_in_the_job_that_matches_them(spark: Spar
     """When a source row writes the same row whether it matched or not, the matching and the
     write are one job: as many jobs as the general plan, and no shuffle. A key the target holds
     twice takes the general plan after that job, whose files leave no trace."""
-    add_clauses, same_row_either_way = _UPSERTS[clauses]
-    source_rows = [(k, -k, "x") for k in [*range(0, 400, 40), 1000, 1001]]
+    add_clauses, same_row_either_way, (updated, inserted, deleted) = _UPSERTS[clauses]
+    source_rows = [*[(k, -k, "x") for k in [*range(0, 400, 40), 1000, 1001]], (1, 0, "d"), (2000, 0, "d"),
+                   (3, 500, "x")]
     results = []
     for source_side in (True, False):
         path = str(tmp_path / f"t-{source_side}")
@@ -217,8 +224,8 @@ def test_a_plain_upsert_writes_its_rows_in_the_job_that_matches_them(spark: Spar
         results.append((jobs, shuffled, {k: metrics[k] for k in _COUNTS}, our_rows(spark, path)))
     (side_jobs, side_shuffled, side_metrics, side_rows), (general_jobs, _, general_metrics, general_rows) = results
     assert side_rows == general_rows and side_metrics == general_metrics
-    assert (side_metrics["numTargetRowsUpdated"], side_metrics["numTargetRowsInserted"]) == (
-        10 + (1 if target_key_twice else 0), 2)
+    assert (side_metrics["numTargetRowsUpdated"], side_metrics["numTargetRowsInserted"],
+            side_metrics["numTargetRowsDeleted"]) == (updated + (1 if target_key_twice else 0), inserted, deleted)
     if target_key_twice:  # the source side's first job, then the general plan
         assert side_shuffled > 0 and side_jobs > general_jobs
     else:
