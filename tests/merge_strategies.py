@@ -36,7 +36,16 @@ from tests.merge_exprs import (
     not_,
     or_,
 )
-from tests.merge_model import KINDS, Action, Clause, Kind, merge_sql
+from tests.merge_model import (
+    KINDS,
+    Action,
+    Clause,
+    Kind,
+    matched_delete,
+    matched_update_all,
+    merge_sql,
+    not_matched_insert_all,
+)
 
 Row = dict[str, Any]
 Layout = Literal["single", "round_robin", "by_key"]
@@ -199,7 +208,17 @@ def merge_cases(draw: st.DrawFn) -> MergeCase:
 def source_side_clause_lists(draw: st.DrawFn) -> tuple[Clause, ...]:
     """Clauses whose written values all come from the source: WHEN MATCHED UPDATE SET * or DELETE
     (their conditions may read the target), WHEN NOT MATCHED inserts, no NOT MATCHED BY SOURCE:
-    what a deletion-vector MERGE writes from the source side (streaming_merge.merge.dv_source_side)."""
+    what a deletion-vector MERGE writes from the source side (streaming_merge.merge.dv_source_side).
+    A quarter are lists whose source rows write the same row matched or not (its one-job write):
+    UPDATE SET * beside INSERT * under the same source condition, or none, the CDC clauses (a
+    delete on a condition, the update and insert on its negation)."""
+    if draw(st.booleans()) and draw(st.booleans()):
+        condition = draw(conditions(SOURCE))
+        return draw(st.sampled_from((
+            (matched_update_all(), not_matched_insert_all()),
+            (matched_update_all(condition), not_matched_insert_all(condition)),
+            (not_matched_insert_all(not_(condition)), matched_delete(condition), matched_update_all(not_(condition))),
+        )))
     matched: list[Clause] = []
     count = draw(st.integers(0, 2))
     for i in range(count):  # half the conditions read the target alone (a sequence guard's side)
