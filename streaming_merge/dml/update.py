@@ -6,8 +6,8 @@ its column raises MergeAssignmentOverflowError instead of wrapping); assigning a
 table does not have raises DmlAnalysisError naming it.
 
 - A table with ``delta.enableDeletionVectors=true``: ONE Spark job scans the candidate files,
-  writes the updated rows as new files and observes their (file, row index) pairs (one JSON
-  text, bounded by the updated rows, which that job writes anyway); the old positions then go
+  writes the updated rows as new files and observes their (file, row index) pairs (two lists of
+  longs, bounded by the updated rows, which that job writes anyway); the old positions then go
   into the files' deletion vectors (a file whose every row was updated is removed). No
   untouched row is copied.
 - Otherwise (copy-on-write): one job finds the files holding a matching row (skipped when the
@@ -18,7 +18,6 @@ No matching row: nothing is committed.
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from collections.abc import Mapping, Sequence
@@ -49,8 +48,8 @@ from streaming_merge.merge.dv_rewrite import deletion_vector_changes
 # Private in merge.resolve: _ClauseResolver._store is how a MERGE casts an assigned value to
 # its column (ANSI store assignment, overflow raised at run time); an UPDATE must cast alike.
 from streaming_merge.merge.resolve import _ClauseResolver
-from streaming_merge.merge.rewrite import observed_values
 from streaming_merge.spark.interpreted import DEFAULT_INTERPRETED_MAX_ROWS, interpreted_if_small, rows_of
+from streaming_merge.spark.observed_longs import long_list, longs, observed_row
 from streaming_merge.spark.profile import phase
 from streaming_merge.table.file_ids import FileIds
 from streaming_merge.table.location import TableLocation
@@ -63,7 +62,8 @@ log = logging.getLogger(__name__)
 OPERATION = "UPDATE"
 _FILE_ID = "__sm_dml_file_id__"
 _ROW = "__sm_dml_row_index__"
-_PAIRS = "updatedRowPositions"
+_FILE_IDS = "updatedRowFiles"
+_ROWS = "updatedRowIndexes"
 
 Assignments = Mapping[str, str | Column]
 
@@ -163,7 +163,7 @@ def _update_with_deletion_vectors(spark: SparkSession, plan: DmlPlan, values: Ma
     old = [F.col(f"`{plan.alias}`.`{n}`").alias(_old(i)) for i, n in enumerate(names)] if change_data else []
     rows = (matched.select(*_new_columns(plan, values, None), *old, ids.column().alias(_FILE_ID),
                            F.col(ROW_INDEX_COL).alias(_ROW))
-            .observe(observation, F.to_json(F.collect_list(F.array(F.col(_FILE_ID), F.col(_ROW)))).alias(_PAIRS)))
+            .observe(observation, long_list(F.col(_FILE_ID)).alias(_FILE_IDS), long_list(F.col(_ROW)).alias(_ROWS)))
     if change_data:
         after = [F.col(f"`{n}`") for n in names]
         before = [F.col(_old(i)) for i in range(len(names))]
@@ -177,7 +177,9 @@ def _update_with_deletion_vectors(spark: SparkSession, plan: DmlPlan, values: Ma
         written = write_rows(spark, snapshot, rows, [], sum(f.size for f in candidates), change_data=change_data)
     rewrite_ms = millis_since(pass_started)
     try:
-        pairs = _pairs(observed_values(observation).get(_PAIRS))
+        observed = observed_row(spark, observation, lambda name: name in (_FILE_IDS, _ROWS))
+        # one aggregation buffer: the two lists hold the same rows in the same order
+        pairs = np.stack([longs(observed.get(_FILE_IDS)), longs(observed.get(_ROWS))], axis=1)
         deleted: dict[int, np.ndarray] = {}
         for file_id in np.unique(pairs[:, 0]):
             position = ids.position(int(file_id))
@@ -197,13 +199,6 @@ def _update_with_deletion_vectors(spark: SparkSession, plan: DmlPlan, values: Ma
 def _old(index: int) -> str:
     """The column that carries a row's value of the table's ``index``-th column before the update."""
     return f"__sm_dml_old_{index}__"
-
-
-def _pairs(observed: object) -> np.ndarray:
-    """The observed (file id, row index) pairs as an (n, 2) array."""
-    if not observed:
-        return np.zeros((0, 2), dtype=np.int64)
-    return np.asarray(json.loads(str(observed)), dtype=np.int64).reshape(-1, 2)
 
 
 def _copy_on_write(spark: SparkSession, plan: DmlPlan, values: Mapping[str, Column], started: float) -> DmlMetrics:

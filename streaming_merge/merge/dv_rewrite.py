@@ -19,7 +19,6 @@ nothing, and a second one writes the source's rows (see _from_source_side).
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -58,7 +57,7 @@ from streaming_merge.merge.rewrite import (
 )
 from streaming_merge.merge.touched import FILE_ID_COL, MAX_REPORTED_ROWS, MULTIPLE_MATCH_MESSAGE, scan_with_file_ids
 from streaming_merge.spark.constant_lookup import lookup
-from streaming_merge.spark.jvm import jvm_class
+from streaming_merge.spark.observed_longs import long_list, longs, observed_row
 from streaming_merge.spark.profile import phase
 from streaming_merge.spark.slots import task_slots
 from streaming_merge.table.dv_positions import deleted_positions_of
@@ -66,8 +65,6 @@ from streaming_merge.table.file_ids import FileIds
 from streaming_merge.table.snapshot import DataFile, Snapshot
 from streaming_merge.table.spark_paths import ROW_INDEX_COL
 from streaming_merge.table.write import WrittenFile, delete_written
-
-log = logging.getLogger(__name__)
 
 SOURCE_ROW_ID = "__sm_source_row_id__"
 _MATCHED = "matchedTargetRows"
@@ -170,7 +167,7 @@ def write_changes_with_deletion_vectors(
     with phase(spark, "dvJoinWrite"):
         written = write_frame(spark, snapshot, output, resolved, layout, deletes)
     try:
-        values = _observed_row(spark, observation)
+        values = observed_row(spark, observation, _is_id_list)
         changed, matched = _positions(values.pop(_MATCHED, None))
         counts = _row_counts(values, written)
         if not resolved.clauses.is_only_one_unconditional_delete:
@@ -199,13 +196,13 @@ def _from_source_side(spark: SparkSession, snapshot: Snapshot, candidates: Seque
     updates = [c.code for c in resolved.matched if c.outputs is not None] if side.decided_in_match else []
     with phase(spark, "dvMatch"):
         (_observed(resolved, joined, resolved.matched, observation, position, narrow=True, also=[
-            _id_list(F.col(SOURCE_ROW_ID)).alias(_JOINED_ROW_IDS),
-            *[_id_list(F.when(F.col(ACTION_COL) == code, F.col(SOURCE_ROW_ID))).alias(f"{_UPDATED_ROW_IDS}{code}")
+            long_list(F.col(SOURCE_ROW_ID)).alias(_JOINED_ROW_IDS),
+            *[long_list(F.when(F.col(ACTION_COL) == code, F.col(SOURCE_ROW_ID))).alias(f"{_UPDATED_ROW_IDS}{code}")
               for code in updates]])
          .write.format("noop").mode("overwrite").save())
-    values = _observed_row(spark, observation)
+    values = observed_row(spark, observation, _is_id_list)
     changed, matched = _positions(values.pop(_MATCHED, None))
-    joined_ids = _ids(values.pop(_JOINED_ROW_IDS, None))
+    joined_ids = longs(values.pop(_JOINED_ROW_IDS, None))
     if len(np.unique(joined_ids)) < len(joined_ids):
         return None
     _check_single_matches(snapshot, candidates, matched)
@@ -213,7 +210,7 @@ def _from_source_side(spark: SparkSession, snapshot: Snapshot, candidates: Seque
     if side.decided_in_match:  # the update each matched row took; any other matched row writes nothing
         matched_action: Column = F.lit(COPY)
         for code in reversed(updates):
-            ids = _ids(values.pop(f"{_UPDATED_ROW_IDS}{code}", None))
+            ids = longs(values.pop(f"{_UPDATED_ROW_IDS}{code}", None))
             matched_action = F.when(in_row_ids(spark, ids, row_id), F.lit(code)).otherwise(matched_action)
     else:
         matched_action = first_applicable(resolved, resolved.matched, COPY)
@@ -246,14 +243,14 @@ def _matched_beside_write(spark: SparkSession, snapshot: Snapshot, candidates: S
     nothing = resolved.derive(("dv-no-rows",), lambda: [F.lit(None).cast(f.dataType).alias(f.name)
                                                        for f in resolved.output_schema.fields])
     matching = (_observed(resolved, joined, resolved.matched, observation, position, narrow=True,
-                          also=[_id_list(F.col(SOURCE_ROW_ID)).alias(_JOINED_ROW_IDS)])
+                          also=[long_list(F.col(SOURCE_ROW_ID)).alias(_JOINED_ROW_IDS)])
                 .filter(_written(resolved, [])).select(*nothing))
     with phase(spark, "dvMatchWrite"):
         written = write_frame(spark, snapshot, rows, resolved, layout, alongside=matching)
     try:
-        values = _observed_row(spark, observation)
+        values = observed_row(spark, observation, _is_id_list)
         changed, matched = _positions(values.pop(_MATCHED, None))
-        joined_ids = _ids(values.pop(_JOINED_ROW_IDS, None))
+        joined_ids = longs(values.pop(_JOINED_ROW_IDS, None))
         if len(np.unique(joined_ids)) < len(joined_ids):
             delete_written(spark, snapshot.location, written)
             return None
@@ -277,23 +274,9 @@ def _row_counts(values: dict[str, Any], written: Sequence[WrittenFile]) -> dict[
     return counts
 
 
-def _id_list(row_id: Column) -> Column:
-    """The (non-NULL) values of a column of longs over the observed rows, as a list: the
-    driver's scheduler evaluates an observation's final value after every task for the UI, so
-    it stays a plain array; _observed_row turns it into one text in the JVM (a text built here,
-    by concat_ws, cost ~70 ms of the scheduler's thread per 80k-row upsert, partly on the
-    job's critical path)."""
-    return F.collect_list(row_id)
-
-
 def _is_id_list(name: str) -> bool:
-    """Whether an observed field is one of _id_list's."""
+    """Whether an observed field is one of the id lists (observed_longs.long_list)."""
     return name in (_MATCHED, _JOINED_ROW_IDS) or name.startswith(_UPDATED_ROW_IDS)
-
-
-def _ids(text: object) -> np.ndarray:
-    """The longs of an observed list's text (see _observed_row); none for a missing one."""
-    return np.fromstring(str(text), dtype=np.int64, sep=",") if text else np.zeros(0, dtype=np.int64)
 
 
 def _observed(resolved: ResolvedMerge, joined: DataFrame, clauses: Sequence[ResolvedClause],
@@ -308,7 +291,7 @@ def _observed(resolved: ResolvedMerge, joined: DataFrame, clauses: Sequence[Reso
                               F.col(SOURCE_ROW_ID), _packed_position(resolved, position).alias(_PACKED),
                               *(preimage_columns(resolved) if resolved.change_data and not narrow else []))
     return rows.observe(observation, *_target_counts(resolved),
-                        _id_list(F.col(_PACKED)).alias(_MATCHED), *also)
+                        long_list(F.col(_PACKED)).alias(_MATCHED), *also)
 
 
 def _packed_position(resolved: ResolvedMerge, position: Column) -> Column:
@@ -324,22 +307,6 @@ def _packed_position(resolved: ResolvedMerge, position: Column) -> Column:
     by_source = [c.code for c in resolved.not_matched_by_source]
     return F.when(F.col(SOURCE_PRESENT).isNotNull() & target_present, packed).when(
         target_present & F.col(ACTION_COL).isin(by_source), F.lit(-1) - packed)
-
-
-def _observed_row(spark: SparkSession, observation: Observation) -> dict[str, Any]:
-    """The observation's values read field by field from the JVM's row, an id list (_id_list)
-    as one text joined in the JVM. PySpark's ``Observation.get`` pickles the row into a byte
-    array, which py4j decodes a byte at a time in Python (150 ms for the 1.3 MB of positions of
-    an 80k-row upsert); a string crosses as a string. Empty when the observation never arrived
-    (see rewrite.observed)."""
-    try:
-        row = observation._jo.getRow()  # type: ignore[union-attr]
-    except Exception as exc:  # Py4JJavaError: the metrics row never arrived
-        log.debug("Observation %s not reported (subtree optimized away as empty): %s", observation, exc)
-        return {}
-    join = jvm_class(spark, "org.apache.commons.lang3.StringUtils").join
-    return {name: join(row.getList(i), ",") if _is_id_list(name) else row.get(i)
-            for i, name in enumerate(row.schema().fieldNames())}
 
 
 def _names(resolved: ResolvedMerge) -> list[str]:
@@ -453,7 +420,7 @@ def _positions(observed: object) -> tuple[np.ndarray, np.ndarray]:
     """From the observed text (see _packed_position): the changed target rows as (candidate
     position, row index) pairs, and the matched target rows as one number each (the same for the
     same row), for the multiple-match check."""
-    values = _ids(observed)
+    values = longs(observed)
     unmatched = values < 0
     values = np.where(unmatched, -1 - values, values)
     changed = (values >> _ROW_BITS) & 1 == 1
