@@ -244,7 +244,7 @@ def _matched_beside_write(spark: SparkSession, snapshot: Snapshot, candidates: S
                                                        for f in resolved.output_schema.fields])
     matching = (_observed(resolved, joined, resolved.matched, observation, position, narrow=True,
                           also=[long_list(F.col(SOURCE_ROW_ID)).alias(_JOINED_ROW_IDS)])
-                .filter(_written(resolved, [])).select(*nothing))
+                .filter(_written(resolved, [])).select(*nothing))  # no row, every row observed (see _written)
     with phase(spark, "dvMatchWrite"):
         written = write_frame(spark, snapshot, rows, resolved, layout, alongside=matching)
     try:

@@ -1,4 +1,4 @@
-"""The deletion-vector MERGE whose written rows all come from the source, in two plain jobs.
+"""The deletion-vector MERGE whose written rows all come from the source, in one or two plain jobs.
 
 When no MATCHED clause writes a value read from the target row (``whenMatchedUpdateAll``,
 deletes: an upsert, or the CDC preset whose conditions compare sequences), every written row is
