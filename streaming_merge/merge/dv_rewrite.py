@@ -169,11 +169,7 @@ def write_changes_with_deletion_vectors(
     try:
         values = observed_row(spark, observation, _is_id_list)
         changed, matched = _positions(values.pop(_MATCHED, None))
-        counts = _row_counts(values, written)
-        if not resolved.clauses.is_only_one_unconditional_delete:
-            _check_single_matches(snapshot, candidates, matched)
-        else:  # a row matched twice is deleted once, and counted once (as Delta does)
-            counts["numTargetRowsMatchedDeleted"] = len(np.unique(matched))
+        counts = _checked_counts(snapshot, candidates, resolved, values, written, matched)
     except BaseException:
         delete_written(spark, snapshot.location, written)
         raise
@@ -205,7 +201,7 @@ def _from_source_side(spark: SparkSession, snapshot: Snapshot, candidates: Seque
     joined_ids = longs(values.pop(_JOINED_ROW_IDS, None))
     if len(np.unique(joined_ids)) < len(joined_ids):
         return None
-    _check_single_matches(snapshot, candidates, matched)
+    counts = _checked_counts(snapshot, candidates, resolved, values, [], matched)
     row_id = F.col(SOURCE_ROW_ID)
     if side.decided_in_match:  # the update each matched row took; any other matched row writes nothing
         matched_action: Column = F.lit(COPY)
@@ -223,7 +219,8 @@ def _from_source_side(spark: SparkSession, snapshot: Snapshot, candidates: Seque
         written = write_frame(spark, snapshot, rows, resolved, layout)
     with phase(spark, "dvVectors"):
         try:
-            return DvRewriteResult(written, _row_counts(values, written), _changes(snapshot, candidates, changed))
+            return DvRewriteResult(written, {**counts, **_inserted(counts, written)},
+                                   _changes(snapshot, candidates, changed))
         except BaseException:
             delete_written(spark, snapshot.location, written)
             raise
@@ -254,12 +251,25 @@ def _matched_beside_write(spark: SparkSession, snapshot: Snapshot, candidates: S
         if len(np.unique(joined_ids)) < len(joined_ids):
             delete_written(spark, snapshot.location, written)
             return None
-        _check_single_matches(snapshot, candidates, matched)
+        counts = _checked_counts(snapshot, candidates, resolved, values, written, matched)
         with phase(spark, "dvVectors"):
-            return DvRewriteResult(written, _row_counts(values, written), _changes(snapshot, candidates, changed))
+            return DvRewriteResult(written, counts, _changes(snapshot, candidates, changed))
     except BaseException:
         delete_written(spark, snapshot.location, written)
         raise
+
+
+def _checked_counts(snapshot: Snapshot, candidates: Sequence[DataFile], resolved: ResolvedMerge,
+                    values: dict[str, Any], written: Sequence[WrittenFile], matched: np.ndarray) -> dict[str, int]:
+    """The target row counts (see _row_counts), after Delta's multiple-match rule (``matched``:
+    one number per matched pair, see _positions) and its exemption: under a lone unconditional
+    DELETE a row matched twice is deleted once, and counted once."""
+    counts = _row_counts(values, written)
+    if not resolved.clauses.is_only_one_unconditional_delete:
+        _check_single_matches(snapshot, candidates, matched)
+    else:
+        counts["numTargetRowsMatchedDeleted"] = len(np.unique(matched))
+    return counts
 
 
 def _row_counts(values: dict[str, Any], written: Sequence[WrittenFile]) -> dict[str, int]:
@@ -268,10 +278,14 @@ def _row_counts(values: dict[str, Any], written: Sequence[WrittenFile]) -> dict[
     MERGE copies no row, and every written row is an updated or an inserted one."""
     counts = {name: int(values.get(name) or 0) for name in _TARGET_COUNTS}
     counts["numTargetRowsCopied"] = 0
-    counts["numTargetRowsInserted"] = (sum(w.num_records for w in written if not w.change_data)
-                                       - counts["numTargetRowsMatchedUpdated"]
-                                       - counts["numTargetRowsNotMatchedBySourceUpdated"])
-    return counts
+    return {**counts, **_inserted(counts, written)}
+
+
+def _inserted(counts: dict[str, int], written: Sequence[WrittenFile]) -> dict[str, int]:
+    """The inserted rows: every written row that no update wrote."""
+    return {"numTargetRowsInserted": (sum(w.num_records for w in written if not w.change_data)
+                                      - counts["numTargetRowsMatchedUpdated"]
+                                      - counts["numTargetRowsNotMatchedBySourceUpdated"])}
 
 
 def _is_id_list(name: str) -> bool:

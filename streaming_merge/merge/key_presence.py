@@ -152,10 +152,12 @@ def outside_candidate_ranges(snapshot: Snapshot, candidates: Sequence[DataFile],
     wanted = {f.path for f in candidates}
     lows, highs = stats.column(f"min.{target_key}").to_pylist(), stats.column(f"max.{target_key}").to_pylist()
     # snapshot.files holds the stats' rows in order, their paths already decoded once.
-    ranges = sorted((low, high) for file, low, high in zip(snapshot.files, lows, highs, strict=True)
-                    if file.path in wanted)
-    if len(ranges) != len(wanted) or any(low is None or high is None for low, high in ranges):
+    listed = [(low, high) for file, low, high in zip(snapshot.files, lows, highs, strict=True) if file.path in wanted]
+    # A candidate without a range (no stats, or only NULL keys) is checked before sorting: None
+    # does not order against an integer.
+    if len(listed) != len(wanted) or any(low is None or high is None for low, high in listed):
         return None
+    ranges = sorted(listed)
     merged: list[list[int]] = []
     for low, high in ranges:
         if merged and low <= merged[-1][1] + 1:

@@ -379,7 +379,26 @@ def test_merge_agrees_with_model(spark: SparkSession, case: MergeCase) -> None:
     check_case(spark, case)
 
 
+# A file whose every key is NULL (no key range in its stats) among the candidates of a plain upsert:
+# the key presence check sorted the candidates' ranges before noticing the missing one (a TypeError).
+NULL_KEY_FILE = MergeCase(
+    ({"k": 3, "v": 0, "w": "a", "p": 0}, {"k": None, "v": 0, "w": "a", "p": 0}), False, "round_robin", 3,
+    (MergeStep((_row(0, 0, "a", 0, 0), _row(0, 0, "a", 0, 0), _row(0, 0, "a", 0, 0), _row(3, 0, "a", 0, 0)),
+               ("k", "v", "w", "p", "x"), ON, (matched_update_all(), not_matched_insert_all())),))
+
+
+# A lone unconditional DELETE beside an insert, four source rows matching one target row: Delta's
+# exemption from the multiple-match error (the row deleted once, counted once), which the DV
+# source-side path once missed.
+LONE_DELETE_MATCHED_FOUR_TIMES = MergeCase(
+    ({"k": 0, "v": 0, "w": "a", "p": 0}, {"k": 1, "v": 0, "w": "a", "p": 0}), False, "single", 1,
+    (MergeStep(tuple(_row(0, 0, "a", 0, 0) for _ in range(4)), ("k", "v", "w", "p", "x"), ON,
+               (matched_delete(), not_matched_insert_all())),))
+
+
 @pytest.mark.slow
+@example(case=NULL_KEY_FILE)
+@example(case=LONE_DELETE_MATCHED_FOUR_TIMES)
 @settings(
     max_examples=int(os.environ.get("MERGE_PROPERTY_SOURCE_SIDE_EXAMPLES", "25")),
     deadline=None,
