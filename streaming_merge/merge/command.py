@@ -391,8 +391,9 @@ def _merge(spark: SparkSession, request: MergeRequest, snapshot: Snapshot, resol
                                               broadcast, source_bytes)) is not None:
                 one_pass_result, decided = single_pass(spark, snapshot, candidates, source, resolved, options, probe,
                                                         broadcast, layout(options, candidates, source_bytes))
-            elif (probe := map_side_probe(spark, snapshot, options, resolved, source, stats, pairs, candidates,
-                                           broadcast)) is not None:
+            elif ((resolution.by_key or not resolved.not_matched)  # its inserts are found by key
+                  and (probe := map_side_probe(spark, snapshot, options, resolved, source, stats, pairs, candidates,
+                                               broadcast)) is not None):
                 one_pass_result, decided = map_side_single_pass(spark, snapshot, candidates, source, resolved,
                                                                  options, probe, source_bytes)
             if decided is None:

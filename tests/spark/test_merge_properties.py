@@ -396,8 +396,18 @@ LONE_DELETE_MATCHED_FOUR_TIMES = MergeCase(
                (matched_delete(), not_matched_insert_all())),))
 
 
+# ON with a source-only conjunct (s.v > 0): seven source rows of key 0 match nothing, one does. The
+# copy-on-write map-side one pass found its inserts by key and dropped the seven (a key that
+# matched through another row is not a matched row); it now runs only where matching is by key.
+SOURCE_CONJUNCT_IN_ON = MergeCase(
+    ({"k": 0, "v": 0, "w": "a", "p": 0}, {"k": 0, "v": 0, "w": "a", "p": 0}), False, "single", 1,
+    (MergeStep((*[_row(0, 0, "a", 0, 0) for _ in range(7)], _row(0, 1, "a", 0, 0)), ("k", "v", "w", "p", "x"),
+               and_(ON, gt(S["v"], lit(0))), (matched_update_all(), not_matched_insert({"k": S["k"]}))),))
+
+
 @pytest.mark.slow
 @example(case=NULL_KEY_FILE)
+@example(case=SOURCE_CONJUNCT_IN_ON)
 @example(case=LONE_DELETE_MATCHED_FOUR_TIMES)
 @settings(
     max_examples=int(os.environ.get("MERGE_PROPERTY_SOURCE_SIDE_EXAMPLES", "25")),
