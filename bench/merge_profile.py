@@ -45,7 +45,7 @@ import pyarrow.parquet as pq
 from bench import jvm_cpu
 from bench.merge_bench import make_batch, make_target, write_target
 
-KINDS = ("upsert", "insert", "matched")
+KINDS = ("upsert", "insert", "matched", "guarded")
 
 
 class Py4jCounter:
@@ -80,7 +80,9 @@ def _merge(spark: Any, table_path: Path, source: Any, kind: str, options: dict[s
         builder = builder.withOptions(**options)
     if kind in ("upsert", "matched"):
         builder = builder.whenMatchedUpdateAll()
-    if kind in ("upsert", "insert"):
+    if kind == "guarded":  # the sink's CDC preset: a matched row is replaced only by a newer event
+        builder = builder.whenMatchedUpdateAll(condition="s.updated_at > t.updated_at")
+    if kind in ("upsert", "insert", "guarded"):
         builder = builder.whenNotMatchedInsertAll()
     return builder.execute()
 

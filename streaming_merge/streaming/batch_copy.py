@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 from pyspark.sql import DataFrame, Observation
 from pyspark.sql import functions as F
@@ -18,10 +18,24 @@ from streaming_merge.spark.conf import ONE_PARTITION_JOINS, temporary_conf
 from streaming_merge.streaming.cdc import NULL_KEY_FLAG, BatchPreparer, CdcSpec
 
 
+class BatchCounts(NamedTuple):
+    """What the copy's job observed of the batch's events (before one is kept per key).
+    ``partial_events``: upserts that leave a data column unchanged, or whose sequence is NULL
+    (partial updates only; while it is 0 the batch needs no partial clause, see
+    sink_clauses.cdc_upsert)."""
+
+    rows: int
+    null_keys: int
+    deletes: int
+    truncates: list[Any]
+    oldest_sequence: Any
+    partial_events: int = 0
+
+
 def copy_batch(spec: CdcSpec | None, preparer: BatchPreparer | None, scd_type: int, batch_df: DataFrame,
                level: str, partitions: int, drop_late: Callable[[DataFrame], DataFrame] | None = None,
                probe: KeyPresenceProbe | None = None, late_in_one_task: bool = False
-               ) -> tuple[DataFrame, tuple[int, int, int, list[Any], Any], SourceStats, int | None]:
+               ) -> tuple[DataFrame, BatchCounts, SourceStats, int | None]:
     """The batch, prepared (one event per key, NULL-key rows flagged), checkpointed in one
     job that also observes (rows, NULL-key rows, delete events, truncate values, the oldest
     event's first sequence value or None when an event has none) and the key ranges.
@@ -36,7 +50,7 @@ def copy_batch(spec: CdcSpec | None, preparer: BatchPreparer | None, scd_type: i
         observation = Observation()
         frame, _ = materialize(batch_df.observe(observation, F.count(F.lit(1)).alias("rows")), level)
         rows = int(observation.get.get("rows") or 0)
-        return frame, (rows, 0, 0, [], None), SourceStats(rows, {}), None
+        return frame, BatchCounts(rows, 0, 0, [], None), SourceStats(rows, {}), None
     prepared = preparer.prepare(batch_df, partitions)
     kept: Observation | None = None
     presence = Observation()
@@ -57,6 +71,8 @@ def copy_batch(spec: CdcSpec | None, preparer: BatchPreparer | None, scd_type: i
     observed = prepared.counts.get
     truncates = [v for v in observed.get("truncates") or [] if v is not None]
     oldest = observed.get("sequenceLo") if not observed.get("sequenceNulls") else None
-    return frame, (int(observed["rows"] or 0), int(observed["nullKeys"] or 0), int(observed["deletes"] or 0),
-                   truncates, oldest), stats, int(kept.get["rows"] or 0) if kept is not None else None
+    partial = int(observed.get("partialEvents") or 0) + int(observed.get("sequenceNulls") or 0)
+    counts = BatchCounts(int(observed["rows"] or 0), int(observed["nullKeys"] or 0), int(observed["deletes"] or 0),
+                         truncates, oldest, partial)
+    return frame, counts, stats, int(kept.get["rows"] or 0) if kept is not None else None
 

@@ -305,6 +305,15 @@ def _plan(spec: CdcSpec, columns: Sequence[str], types: dict[str, str], partitio
         valid_event = ~F.col(NULL_KEY_FLAG) & ~F.col(TRUNCATE_FLAG)
         observed += [F.min(F.when(valid_event, first)).alias("sequenceLo"),
                      F.count(F.when(valid_event & first.isNull(), 1)).alias("sequenceNulls")]
+    if spec.partial:
+        # Events that leave a data column unchanged (a NULL or the placeholder where that means
+        # "unchanged"): with none, every folded row takes all its values from its newest event,
+        # and the partial clauses write what the whole-row ones do (see sink_clauses.cdc_upsert).
+        complete = F.lit(True)
+        for column in spec.data_columns(columns):
+            complete = complete & spec.present(column, types[column])
+        upsert_event = ~F.col(NULL_KEY_FLAG) & ~F.col(TRUNCATE_FLAG) & ~F.col(DELETE_FLAG)
+        observed.append(F.count(F.when(upsert_event & ~complete, 1)).alias("partialEvents"))
     if spec.truncate_when is not None:
         if not spec.sequence_by:
             raise ValueError("apply_as_truncates needs sequence_by: a truncate applies as of its sequence value")

@@ -376,7 +376,7 @@ class MergeSink:
             materialize_ms = millis_since(materialize_started)
             if self._phase_hook:
                 self._phase_hook("after_materialize", batch)
-            num_input, null_keys, delete_events, truncate_values, oldest_sequence = counts
+            num_input, null_keys, delete_events, truncate_values, oldest_sequence, partial_events = counts
             self._last_input_rows = num_input
             if num_input == 0:
                 self._report(MergeProgress(
@@ -448,7 +448,8 @@ class MergeSink:
             execute_started = time.monotonic()
             try:
                 metrics = self._merge(spark, source, app_id, batch_id, merge_stats, snapshot, batch_truncates,
-                                      recording.result if recording is not None else None, layout, commit_check)
+                                      recording.result if recording is not None else None, layout, commit_check,
+                                      partial=partial_events > 0)
             except BaseException:
                 if recording is not None:
                     recording.wait_quietly()
@@ -506,7 +507,9 @@ class MergeSink:
     def _merge(self, spark: SparkSession, source: DataFrame, app_id: str, batch_id: int,
                stats: SourceStats | None, snapshot: Snapshot | None, truncates: Sequence[Column],
                before_commit: Callable[[], None] | None, layout: SequenceLayout,
-               commit_check: Callable[[Snapshot], None] | None = None) -> MergeMetrics:
+               commit_check: Callable[[Snapshot], None] | None = None, *, partial: bool = True) -> MergeMetrics:
+        """``partial``: the batch holds an event that leaves a column unchanged (with partial
+        updates configured; see sink_clauses.cdc_upsert)."""
         table = DeltaTable(spark, self._bind(spark), "t")
         if self._scd_type == 2:
             builder = history_upsert(self._spec, table.merge(source.alias("s"), history_condition(self._condition)),
@@ -514,7 +517,7 @@ class MergeSink:
         else:
             builder = table.merge(source.alias("s"), self._condition)
             builder = (self._clauses(builder) if self._clauses
-                       else cdc_upsert(self._spec, builder, source.columns, layout))
+                       else cdc_upsert(self._spec, builder, source.columns, layout, partial=partial))
             if truncates:  # rows at or before the batch's newest truncate, of keys the batch does not touch
                 assert self._spec is not None
                 row = self._spec.sequence_of("t", layout.in_metadata)

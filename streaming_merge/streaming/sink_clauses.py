@@ -55,14 +55,23 @@ def check_history_options(scd_type: int, keys: Sequence[str], sequence_by: Seque
 
 
 def cdc_upsert(spec: CdcSpec | None, builder: DeltaMergeBuilder, source_columns: Sequence[str],
-               layout: SequenceLayout) -> DeltaMergeBuilder:
+               layout: SequenceLayout, *, partial: bool = True) -> DeltaMergeBuilder:
     """The CDC preset: newest event per key wins, deletes delete, nothing older wins. The
     guard reads the sequence where the table keeps it (``layout``); the source has it there
-    too (``TableColumns.frame``)."""
+    too (``TableColumns.frame``).
+
+    With partial updates configured, a batch none of whose upserts leaves a column unchanged
+    (``partial`` False: every event carries every value and a sequence) gets the whole-row
+    clauses: each folded row's values then all come from its newest event, whose sequence is
+    the row's, so wherever the guard lets the update through, every column's own test (its
+    value's event newer than the table row) passes too, and the partial update writes the
+    source's values, as ``UPDATE SET *`` does. Those clauses read no target value, so a
+    deletion-vector MERGE can write its rows from the source side (merge.dv_source_side)
+    instead of carrying every joined target row's columns through a shuffle."""
     assert spec is not None
     newer = spec.newer(in_metadata=layout.in_metadata)
     guard = f" AND {newer}" if newer else ""
-    if spec.partial:
+    if spec.partial and partial:
         return partial_upsert(spec, builder, source_columns, guard, layout)
     return (builder
             .whenMatchedDelete(condition=f"s.`{DELETE_FLAG}`{guard}")

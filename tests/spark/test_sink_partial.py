@@ -11,6 +11,7 @@ import tempfile
 from typing import Any
 
 import deltalake
+import pyarrow as pa
 import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
@@ -18,6 +19,7 @@ from pyspark.sql import SparkSession
 
 from streaming_merge import MergeSink
 from streaming_merge.streaming.sink import FOLD_IN_ONE_TASK_MAX_ROWS
+from tests.job_count import shuffled_bytes_of
 from tests.partial_model import apply_batches
 from tests.spark.test_sink import frame
 
@@ -133,3 +135,34 @@ def test_a_batch_filtered_while_materialized_keeps_its_partitioning_on_the_keys(
     partitioning = plan.outputPartitioning()
     assert partitioning.getClass().getSimpleName() == "HashPartitioning"
     assert partitioning.references().subsetOf(plan.outputSet()), partitioning.toString()
+
+
+def _rows_read_by_delta_rs(path: str) -> dict[Any, dict[str, Any]]:
+    """The table as delta-rs' DataFusion engine reads it (deletion vectors applied)."""
+    read = deltalake.QueryBuilder().register("t", deltalake.DeltaTable(path)).execute("SELECT * FROM t")
+    return {r["id"]: r for r in pa.table(read).to_pylist()}
+
+
+def test_a_batch_of_whole_rows_writes_from_the_source_side_and_a_placeholder_keeps_the_table_value(
+        spark: SparkSession, table_path: str) -> None:
+    """Partial updates configured, but no event of the batch leaves a value unchanged: the
+    batch takes the whole-row clauses, which read no target value, so the deletion-vector
+    MERGE writes the source's rows without a shuffle; a batch with a placeholder keeps the
+    partial clauses (the joined rows meet the source's in a shuffle) and the table's value."""
+    sink = MergeSink(table_path, keys="id", sequence_by="lsn", app_id="whole", unavailable_value=PLACEHOLDER,
+                     table_properties={"delta.enableDeletionVectors": "true"})
+    sink(frame(spark, [{"id": i, "lsn": 1, "op": "c", "name": f"n{i}", "amount": i} for i in range(6)]), 0)
+    whole = [{"id": 1, "lsn": 2, "op": "u", "name": "x", "amount": 10},
+             {"id": 4, "lsn": 0, "op": "u", "name": "older", "amount": 40},
+             {"id": 9, "lsn": 2, "op": "c", "name": "y", "amount": 9}]
+    shuffled_whole, _ = shuffled_bytes_of(spark, lambda: sink(frame(spark, whole), 1))
+    partial = [{"id": 2, "lsn": 3, "op": "u", "name": PLACEHOLDER, "amount": 20},
+               {"id": 3, "lsn": 3, "op": "u", "name": "z", "amount": 30}]
+    shuffled_partial, _ = shuffled_bytes_of(spark, lambda: sink(frame(spark, partial), 2))
+    assert shuffled_whole == 0 < shuffled_partial
+    expected = {i: {"id": i, "lsn": 1, "op": "c", "name": f"n{i}", "amount": i} for i in range(6)}
+    expected[1] = {"id": 1, "lsn": 2, "op": "u", "name": "x", "amount": 10}
+    expected[9] = {"id": 9, "lsn": 2, "op": "c", "name": "y", "amount": 9}
+    expected[2] = {"id": 2, "lsn": 3, "op": "u", "name": "n2", "amount": 20}
+    expected[3] = {"id": 3, "lsn": 3, "op": "u", "name": "z", "amount": 30}
+    assert _rows_read_by_delta_rs(table_path) == expected
