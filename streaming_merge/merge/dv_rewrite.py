@@ -169,12 +169,13 @@ def write_changes_with_deletion_vectors(
     try:
         values = observed_row(spark, observation, _is_id_list)
         changed, matched = _positions(values.pop(_MATCHED, None))
-        counts = _checked_counts(snapshot, candidates, resolved, values, written, matched)
+        counts = _checked_counts(snapshot, candidates, resolved, values, matched)
     except BaseException:
         delete_written(spark, snapshot.location, written)
         raise
     with phase(spark, "dvVectors"):
-        return DvRewriteResult(written, counts, _changes(snapshot, candidates, changed))
+        return DvRewriteResult(written, {**counts, **_inserted(counts, written)},
+                               _changes(snapshot, candidates, changed))
 
 
 def _from_source_side(spark: SparkSession, snapshot: Snapshot, candidates: Sequence[DataFile],
@@ -199,9 +200,9 @@ def _from_source_side(spark: SparkSession, snapshot: Snapshot, candidates: Seque
     values = observed_row(spark, observation, _is_id_list)
     changed, matched = _positions(values.pop(_MATCHED, None))
     joined_ids = longs(values.pop(_JOINED_ROW_IDS, None))
-    if len(np.unique(joined_ids)) < len(joined_ids):
+    if _repeats(joined_ids):
         return None
-    counts = _checked_counts(snapshot, candidates, resolved, values, [], matched)
+    counts = _checked_counts(snapshot, candidates, resolved, values, matched)
     row_id = F.col(SOURCE_ROW_ID)
     if side.decided_in_match:  # the update each matched row took; any other matched row writes nothing
         matched_action: Column = F.lit(COPY)
@@ -248,23 +249,25 @@ def _matched_beside_write(spark: SparkSession, snapshot: Snapshot, candidates: S
         values = observed_row(spark, observation, _is_id_list)
         changed, matched = _positions(values.pop(_MATCHED, None))
         joined_ids = longs(values.pop(_JOINED_ROW_IDS, None))
-        if len(np.unique(joined_ids)) < len(joined_ids):
+        if _repeats(joined_ids):
             delete_written(spark, snapshot.location, written)
             return None
-        counts = _checked_counts(snapshot, candidates, resolved, values, written, matched)
+        counts = _checked_counts(snapshot, candidates, resolved, values, matched)
         with phase(spark, "dvVectors"):
-            return DvRewriteResult(written, counts, _changes(snapshot, candidates, changed))
+            return DvRewriteResult(written, {**counts, **_inserted(counts, written)},
+                                   _changes(snapshot, candidates, changed))
     except BaseException:
         delete_written(spark, snapshot.location, written)
         raise
 
 
 def _checked_counts(snapshot: Snapshot, candidates: Sequence[DataFile], resolved: ResolvedMerge,
-                    values: dict[str, Any], written: Sequence[WrittenFile], matched: np.ndarray) -> dict[str, int]:
-    """The target row counts (see _row_counts), after Delta's multiple-match rule (``matched``:
-    one number per matched pair, see _positions) and its exemption: under a lone unconditional
-    DELETE a row matched twice is deleted once, and counted once."""
-    counts = _row_counts(values, written)
+                    values: dict[str, Any], matched: np.ndarray) -> dict[str, int]:
+    """The observed target row counts (see _row_counts), after Delta's multiple-match rule
+    (``matched``: one number per matched pair, see _positions) and its exemption: under a lone
+    unconditional DELETE a row matched twice is deleted once, and counted once. The inserted
+    rows are counted from the written files (_inserted)."""
+    counts = _row_counts(values)
     if not resolved.clauses.is_only_one_unconditional_delete:
         _check_single_matches(snapshot, candidates, matched)
     else:
@@ -272,17 +275,21 @@ def _checked_counts(snapshot: Snapshot, candidates: Sequence[DataFile], resolved
     return counts
 
 
-def _row_counts(values: dict[str, Any], written: Sequence[WrittenFile]) -> dict[str, int]:
+def _row_counts(values: dict[str, Any]) -> dict[str, int]:
     """The target row counts from the observed ``values`` (none observed: Spark proved the
-    joined rows empty, e.g. no candidate file, and all are zero) and the written files: a DV
-    MERGE copies no row, and every written row is an updated or an inserted one."""
+    joined rows empty, e.g. no candidate file, and all are zero): a DV MERGE copies no row."""
     counts = {name: int(values.get(name) or 0) for name in _TARGET_COUNTS}
     counts["numTargetRowsCopied"] = 0
-    return {**counts, **_inserted(counts, written)}
+    return counts
+
+
+def _repeats(ids: np.ndarray) -> bool:
+    """Whether an id occurs twice: a source row that matched two target rows."""
+    return len(np.unique(ids)) < len(ids)
 
 
 def _inserted(counts: dict[str, int], written: Sequence[WrittenFile]) -> dict[str, int]:
-    """The inserted rows: every written row that no update wrote."""
+    """The inserted rows: a DV MERGE copies no row, so every written row that no update wrote."""
     return {"numTargetRowsInserted": (sum(w.num_records for w in written if not w.change_data)
                                       - counts["numTargetRowsMatchedUpdated"]
                                       - counts["numTargetRowsNotMatchedBySourceUpdated"])}
