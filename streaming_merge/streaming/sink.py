@@ -508,8 +508,6 @@ class MergeSink:
                stats: SourceStats | None, snapshot: Snapshot | None, truncates: Sequence[Column],
                before_commit: Callable[[], None] | None, layout: SequenceLayout,
                commit_check: Callable[[Snapshot], None] | None = None, *, partial: bool = True) -> MergeMetrics:
-        """``partial``: the batch holds an event that leaves a column unchanged (with partial
-        updates configured; see sink_clauses.cdc_upsert)."""
         table = DeltaTable(spark, self._bind(spark), "t")
         if self._scd_type == 2:
             builder = history_upsert(self._spec, table.merge(source.alias("s"), history_condition(self._condition)),
