@@ -49,10 +49,11 @@ def answer_at_once(spark: SparkSession) -> None:
     with contextlib.suppress(Exception):
         gateway = spark.sparkContext._gateway
         client = gateway._gateway_client  # type: ignore[union-attr]
-        if ours.socket.getpeername()[1] != client.java_parameters.port:  # the JVM opened it: a callback's
+        jvm_port = ours.socket.getpeername()[1]
+        if jvm_port != client.java_parameters.port:  # the JVM opened it: a callback's
             setattr(ours, _MARK, True)  # whatever happens below, look once
             jvm_end = gateway.java_gateway_server.getCallbackClient().getPerThreadConnection()  # type: ignore[union-attr]
-            if jvm_end is not None and jvm_end.getSocket().getLocalPort() == ours.socket.getpeername()[1]:
+            if jvm_end is not None and jvm_end.getSocket().getLocalPort() == jvm_port:
                 jvm_end.getSocket().setTcpNoDelay(True)
             return
         jvm_end = _find(_python_connections(spark), lambda socket: socket.getPort(), ours.socket.getsockname()[1])

@@ -298,11 +298,11 @@ def _plan(spec: CdcSpec, columns: Sequence[str], types: dict[str, str], partitio
     is_truncate = _flag(spec.truncate_when)
     observed = [F.count(F.lit(1)).alias("rows"), F.count(F.when(F.col(NULL_KEY_FLAG), 1)).alias("nullKeys"),
                 F.count(F.when(F.col(DELETE_FLAG), 1)).alias("deletes")]
+    valid_event = ~F.col(NULL_KEY_FLAG) & ~F.col(TRUNCATE_FLAG)
     if spec.sequence_by:
         # The oldest event's (first) sequence value, and how many events have none: a batch
         # whose every event is newer than every tombstone needs no tombstone lookup.
         first = F.col(f"`{spec.sequence_by[0]}`")
-        valid_event = ~F.col(NULL_KEY_FLAG) & ~F.col(TRUNCATE_FLAG)
         observed += [F.min(F.when(valid_event, first)).alias("sequenceLo"),
                      F.count(F.when(valid_event & first.isNull(), 1)).alias("sequenceNulls")]
     if spec.partial:
@@ -312,8 +312,7 @@ def _plan(spec: CdcSpec, columns: Sequence[str], types: dict[str, str], partitio
         complete = F.lit(True)
         for column in spec.data_columns(columns):
             complete = complete & spec.present(column, types[column])
-        upsert_event = ~F.col(NULL_KEY_FLAG) & ~F.col(TRUNCATE_FLAG) & ~F.col(DELETE_FLAG)
-        observed.append(F.count(F.when(upsert_event & ~complete, 1)).alias("partialEvents"))
+        observed.append(F.count(F.when(valid_event & ~F.col(DELETE_FLAG) & ~complete, 1)).alias("partialEvents"))
     if spec.truncate_when is not None:
         if not spec.sequence_by:
             raise ValueError("apply_as_truncates needs sequence_by: a truncate applies as of its sequence value")
