@@ -13,8 +13,8 @@ rebinds, in this process only, names that the job and the library look up at cal
   current batch id and to report when a batch starts;
 - ``jobs.kafka_cdc_ingest.MergeSink``: the job's sink gets a ``phase_hook`` (MergeSink's
   ``after_materialize`` / ``after_find_touched_files`` / ``before_commit`` points);
-- ``streaming_merge.kafka.debezium.decode_batch``: the one Spark job that reads the batch's
-  Kafka records (see :func:`main`'s read wrapper);
+- ``streaming_merge.streaming.sink.copy_batch`` and ``streaming_merge.kafka.debezium.decode_batch``:
+  the calls whose Spark job reads the batch's Kafka records (see :func:`main`'s read wrapper);
 - ``deltalake.DeltaTable.create_write_transaction``: the delta-rs call that writes a commit
   file of the target, tombstone or dead-letter table (streaming_merge.table.commit).
 
@@ -66,6 +66,7 @@ import jobs.kafka_cdc_ingest as job
 from streaming_merge.kafka import debezium
 from streaming_merge.merge.materialize import checkpoint_rdd_id
 from streaming_merge.session import local_session
+from streaming_merge.streaming import sink as sink_module
 
 EXECUTOR_MAIN_CLASS = "org.apache.spark.executor.CoarseGrainedExecutorBackend"
 WATCH_POLL_S = 0.005
@@ -332,24 +333,25 @@ def main(argv: list[str] | None = None) -> int:
 
     # -- the Kafka read.
     # The kafka_py source is lazy: Spark plans a batch's offset ranges on the driver, but
-    # not one record is fetched until the job's batch function stages the batch. In
-    # jobs.kafka_cdc_ingest that is debezium.decode_batch: one Spark job (a local
-    # checkpoint) whose tasks run the source's partition readers in the executors' Python
-    # workers (one consumer per Kafka partition range), decode the JSON and write the staged
-    # blocks. So "decode_batch has not returned AND the driver sees tasks of that job
-    # running" means Kafka records of this batch are being fetched/decoded right now; a
+    # not one record is fetched until a Spark job of the batch function reads them. In
+    # jobs.kafka_cdc_ingest that is the MergeSink's copy of the batch (copy_batch, one Spark
+    # job that reads, decodes, folds and copies the records; debezium.decode_observed), or,
+    # for a new table's first batch and a replayed one, debezium.decode_batch (a local
+    # checkpoint of the decoded records). Either job's tasks run the source's partition readers
+    # in the executors' Python workers (one consumer per Kafka partition range). So "that call
+    # has not returned AND the driver sees tasks of its job running" means Kafka records of this
+    # batch are being fetched/decoded right now; a
     # kill then lands mid-read. The kill waits for running tasks, then the given short
     # random delay, and only fires if the job is still in flight; when the job finished
     # first (a read shorter than the delay), the point stays pending for the next batch,
     # with half the delay (none from the fourth try).
-    original_decode = debezium.decode_batch
     misses = {"process": 0, "executor": 0}
 
     def miss(which: str) -> None:
         misses[which] += 1
         state.emit("read_kill_missed", which=which, misses=misses[which])
 
-    def decode_batch(*a: Any, **kw: Any) -> Any:
+    def reading(original: Callable[..., Any], *a: Any, **kw: Any) -> Any:
         state.reading, state.read_started = True, time.monotonic()
         state.emit("read_start")
         if kill_due("mid_read"):
@@ -374,17 +376,18 @@ def main(argv: list[str] | None = None) -> int:
             watch_tasks(sc, lambda: state.reading, 0.05 if not misses["executor"] else 0.0, executor_kill,
                         lambda: miss("executor"))
         try:
-            result = original_decode(*a, **kw)
+            result = original(*a, **kw)
         finally:
             state.reading = False
         state.emit("read_end", ms=round((time.monotonic() - state.read_started) * 1000))
         return result
 
-    debezium.decode_batch = decode_batch
+    debezium.decode_batch = functools.partial(reading, debezium.decode_batch)
+    sink_module.copy_batch = functools.partial(reading, sink_module.copy_batch)  # type: ignore[assignment]
 
     # -- MergeSink phases
 
-    def phase_hook(phase: str, frame: DataFrame) -> None:
+    def kill_points(phase: str, frame: DataFrame) -> None:
         if phase == "after_materialize":
             point = executor_point("after_materialize")
             if point is not None:
@@ -400,7 +403,20 @@ def main(argv: list[str] | None = None) -> int:
         elif phase == "before_commit" and kill_due("mid_merge"):
             die(state, "mid_merge", phase=phase)
 
-    job.MergeSink = functools.partial(job.MergeSink, phase_hook=phase_hook)  # type: ignore[misc]
+    original_sink = job.MergeSink
+
+    def sink_with_kill_points(*a: Any, phase_hook: Callable[[str, DataFrame], None] | None = None,
+                              **kw: Any) -> Any:
+        """The job's sink with the kill points after the job's own hook (its malformed-record check)."""
+        def both(phase: str, frame: DataFrame) -> None:
+            if job_hook is not None:
+                job_hook(phase, frame)
+            kill_points(phase, frame)
+
+        job_hook = phase_hook
+        return original_sink(*a, phase_hook=both, **kw)
+
+    job.MergeSink = sink_with_kill_points  # type: ignore[misc]
 
     # -- the foreachBatch function and the progress callback
     original_batch_function = job.batch_function

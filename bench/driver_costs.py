@@ -6,8 +6,9 @@
 Wall times on a 2-core machine vary by ±20-30 % from one run to the next, so a change that
 saves 100 ms of driver work per batch is invisible in a batch's latency. This runs
 ``bench.kafka_ingest_bench``'s end-to-end part (``--parts e2e --skip-read-baseline`` unless
-given) and, around each call of the job's two per-batch steps (``debezium.decode_batch`` and
-``MergeSink.__call__``, rebound for the run; nothing in the library changes), records:
+given) and, around each call of the job's per-batch steps (``MergeSink.__call__``, which decodes
+the records in its copy of the batch, and ``debezium.decode_batch``, which only a new table's first
+batch and a replayed one call; rebound for the run, nothing in the library changes), records:
 
 * **py4j calls**: Python→JVM round trips (the gateway client's ``send_command``), exact;
 * **Python CPU**: the driver process's own CPU time (``time.process_time``);

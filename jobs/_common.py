@@ -108,6 +108,15 @@ def staged_again_on_lost_blocks(run_once: Callable[[DataFrame, int, str], dict[s
     raise AssertionError("unreachable: the last attempt returns or raises")
 
 
+def source_options(config: ChangeSettings, subscription: tuple[str, str], bootstrap_servers: str) -> dict[str, str]:
+    """The Kafka source's options of either job mode."""
+    option, value = subscription
+    options = {"kafka.bootstrap.servers": bootstrap_servers, option: value, "startingOffsets": config.starting_offsets}
+    if config.max_offsets_per_trigger:
+        options["maxOffsetsPerTrigger"] = str(config.max_offsets_per_trigger)
+    return options
+
+
 def start_query(spark: SparkSession, config: ChangeSettings, subscription: tuple[str, str],
                 function: Callable[[DataFrame, int], None], bootstrap_servers: str,
                 checkpoint: str) -> StreamingQuery:
@@ -115,21 +124,15 @@ def start_query(spark: SparkSession, config: ChangeSettings, subscription: tuple
     if config.source_format == "kafka_py":
         register(spark)
         mark("source_registered")
-    option, value = subscription
-    reader = (spark.readStream.format(config.source_format)
-              .option("kafka.bootstrap.servers", bootstrap_servers)
-              .option(option, value)
-              .option("startingOffsets", config.starting_offsets))
-    if config.max_offsets_per_trigger:
-        reader = reader.option("maxOffsetsPerTrigger", str(config.max_offsets_per_trigger))
-    records = reader.load()
+    records = spark.readStream.format(config.source_format).options(
+        **source_options(config, subscription, bootstrap_servers)).load()
     mark("source_loaded")
     writer = records.writeStream.foreachBatch(function).option("checkpointLocation", checkpoint)
     if config.available_now:
         writer = writer.trigger(availableNow=True)
     elif config.processing_time:
         writer = writer.trigger(processingTime=config.processing_time)
-    return writer.queryName(f"cdc_ingest:{value}").start()
+    return writer.queryName(f"cdc_ingest:{subscription[1]}").start()
 
 
 def progress_line(progress: dict[str, Any]) -> str:

@@ -31,8 +31,9 @@ from pyspark.sql.types import StructType
 
 from streaming_merge import MergeSink
 from streaming_merge.kafka import debezium
-from streaming_merge.kafka.source import warm_up_records
+from streaming_merge.kafka.source import SHORT_NAME, KafkaOptions, read_ranges, warm_up_records
 from streaming_merge.merge.materialize import (
+    DEFAULT_STORAGE_LEVELS,
     release,
     storage_level,
 )
@@ -54,6 +55,7 @@ from jobs._common import (
     change_options,
     progress_line,
     row_columns,
+    source_options,
     staged_again_on_lost_blocks,
     start_query,
 )
@@ -98,15 +100,71 @@ def batch_function(config: IngestConfig, on_progress: Callable[[dict[str, Any]],
     or ``--row-schema``), the decode plan is built (hundreds of Python→JVM calls, seconds in a
     new JVM); the first batch waits for that and redoes whatever failed.
 
-    The Kafka records are read and decoded in one Spark job into a local checkpoint (with
-    the record counts observed in that job); the dead-letter append (beside the MERGE, see
-    ``_dead_letters_beside``) and the MergeSink both read that copy. A lost block of the copy
-    cannot be healed by the sink (its retries re-read the same copy), so the whole batch is
-    staged again from the Kafka records at the next storage level; the dead-letter append and
-    the MERGE are idempotent per batch (Delta txn), so a rerun never applies anything twice."""
-    sink = MergeSink(config.target, keys=config.keys, dead_letter=config.dead_letter, **change_options(config))
+    With the row schema known (every batch but a new table's first without ``--row-schema``),
+    the Kafka records are decoded inside the MergeSink's own copy of the batch
+    (``debezium.decode_observed``): one Spark job reads, decodes, folds and copies them.
+    Otherwise, and when the sink skips a batch it committed before (a replay, whose dead
+    letters may not have been), they are decoded in one job into a local checkpoint that the
+    dead-letter append and the sink both read. A lost block of that copy cannot be healed by
+    the sink (its retries re-read the same copy), so such a batch is staged again from the
+    Kafka records at the next storage level. Either way the dead-letter append runs beside the
+    MERGE, which commits only once it has ended (see ``_BatchWrites``); both are idempotent per
+    batch (Delta txn), so a rerun never applies anything twice."""
+    running: list[_BatchWrites] = []  # the batch in the sink, for the sink's phase hook
+
+    def phase_hook(phase: str, _: DataFrame) -> None:
+        if running:
+            running[0].at_phase(phase)
+
+    sink = MergeSink(config.target, keys=config.keys, dead_letter=config.dead_letter, phase_hook=phase_hook,
+                     **change_options(config))
     followed: list[FollowedTable] = []  # the target, for its schema (made by the first batch: it needs the session)
     preparing = [_prepare_first_batch(prepare_with, config, followed)] if prepare_with is not None else []
+
+    def through_sink(batch: _BatchWrites, events: DataFrame, rows_at_most: int | None) -> None:
+        """The sink's MERGE of ``events``, and the batch's dead-letter append beside it."""
+        spark = events.sparkSession
+        running.append(batch)
+        try:
+            with parquet_write_conf(spark):  # held around both writes: the session's, shared by the two threads
+                batch.start_dead_letters()
+                sink(events, batch.batch_id, rows_at_most=rows_at_most)
+                mark("merge_committed", once=True, batch=batch.batch_id, sink=sink.lastProgress, **jvm_state(spark))
+                batch.finish_dead_letters()
+        except BaseException:
+            batch.stop_dead_letters()  # nothing may still read a copy once it is released
+            raise
+        finally:
+            running.clear()
+
+    def progress_of(records_read: int, tombstones: int, bad: int) -> dict[str, Any]:
+        progress = dict(sink.lastProgress or {})
+        progress.update(malformedRecords=bad, kafkaRecords=records_read, tombstones=tombstones)
+        return progress
+
+    def decoded_in_sink(records: DataFrame, batch_id: int, row_schema: StructType) -> dict[str, Any] | None:
+        """The batch decoded inside the sink's copy; None when the sink skipped it."""
+        spark = records.sparkSession
+        kafka = KafkaOptions.parse(source_options(config, ("subscribe", config.topics), config.bootstrap_servers))
+        decode = debezium.decode_observed(records, row_schema, keys=config.keys, truncates=config.apply_truncates)
+        batch = _BatchWrites(spark, config, batch_id, decode,
+                             lambda: decode.malformed(read_ranges(spark, kafka, decode.malformed_ranges())))
+        through_sink(batch, decode.events, config.max_offsets_per_trigger)
+        return progress_of(*decode.counts()) if batch.copied else None  # no copy: committed before
+
+    def run_staged(records: DataFrame, batch_id: int, level: str) -> dict[str, Any]:
+        spark = records.sparkSession
+        # A trigger reads at most maxOffsetsPerTrigger records: with a small bound the decode runs
+        # without generated code (streaming_merge.spark.interpreted), and the sink is told the count.
+        with interpreted_if_small(spark, config.max_offsets_per_trigger, DEFAULT_INTERPRETED_MAX_ROWS):
+            decoded = _decode(records, config, level, followed[0])
+        try:
+            batch = _BatchWrites(spark, config, batch_id, None, lambda: decoded.malformed)
+            batch.decoded(decoded.num_malformed)
+            through_sink(batch, decoded.events, decoded.num_records)
+        finally:
+            decoded.release()
+        return progress_of(decoded.num_records, decoded.num_tombstones, decoded.num_malformed)
 
     def run_once(records: DataFrame, batch_id: int, level: str) -> dict[str, Any]:
         spark = records.sparkSession
@@ -115,41 +173,75 @@ def batch_function(config: IngestConfig, on_progress: Callable[[dict[str, Any]],
             preparing.pop().join()
         if not followed:
             followed.append(FollowedTable(resolve(config.target, spark, config.storage_options)))
-        # A trigger reads at most maxOffsetsPerTrigger records: with a small bound the decode runs
-        # without generated code (streaming_merge.spark.interpreted), and the sink is told the count.
-        with interpreted_if_small(spark, config.max_offsets_per_trigger, DEFAULT_INTERPRETED_MAX_ROWS):
-            decoded = _decode(records, config, level, followed[0])
-        dead_letters: BackgroundCall | None = None
-        try:
-            bad = decoded.num_malformed
-            if bad and (config.on_malformed == "fail" or not config.dead_letter):
-                sample = [r["error"] for r in decoded.malformed.limit(3).collect()]
-                raise MalformedRecordsError(
-                    f"Batch {batch_id}: {bad} Kafka record(s) could not be decoded, e.g. {sample}; "
-                    "configure --dead-letter (on_malformed=dead_letter) to divert them.")
-            # Held around both writes: settings are the session's, shared by the two threads.
-            with parquet_write_conf(spark):
-                if bad:
-                    dead_letters = _dead_letters_beside(spark, config, decoded, batch_id)
-                mark("batch_decoded", once=True, batch=batch_id)
-                sink(decoded.events, batch_id, rows_at_most=decoded.num_records)
-                mark("merge_committed", once=True, batch=batch_id, sink=sink.lastProgress, **jvm_state(spark))
-                if dead_letters is not None:
-                    dead_letters.result()
-        except BaseException:
-            if dead_letters is not None:
-                dead_letters.wait_quietly()  # nothing may still read the staged copy once it is released
-            raise
-        finally:
-            decoded.release()
-        progress = dict(sink.lastProgress or {})
-        progress.update(malformedRecords=bad, kafkaRecords=decoded.num_records, tombstones=decoded.num_tombstones)
-        return progress
+        row_schema = _known_row_schema(config, followed[0])
+        if row_schema is not None and level == DEFAULT_STORAGE_LEVELS[0] and config.source_format == SHORT_NAME:
+            progress = decoded_in_sink(records, batch_id, row_schema)
+            if progress is not None:
+                return progress
+        return run_staged(records, batch_id, level)
 
     def run(records: DataFrame, batch_id: int) -> None:
         on_progress(staged_again_on_lost_blocks(run_once, records, batch_id))
 
     return run, sink
+
+
+class _BatchWrites:
+    """One batch's malformed-record handling around the sink's MERGE, driven by the sink's phase
+    hook. Decoded in the sink's copy (``decode``), the counts are known once that copy exists
+    (``after_materialize``), before the MERGE: a batch with malformed records then fails with
+    nothing committed (``--on-malformed fail``), or its dead-letter append starts beside the
+    MERGE, with those records read from Kafka again (``malformed``: their offset ranges alone,
+    outside the stream's input; a batch without any pays nothing). Decoded into a checkpoint
+    first (``decode`` None), :meth:`decoded` gives the count before the sink runs. Either way the
+    MERGE waits for the append right before it commits (``before_commit``), so the commit that
+    records the batch as done comes last."""
+
+    def __init__(self, spark: SparkSession, config: IngestConfig, batch_id: int,
+                 decode: debezium.ObservedDecode | None, malformed: Callable[[], DataFrame]) -> None:
+        self.spark = spark
+        self.config = config
+        self.batch_id = batch_id
+        self.decode = decode
+        self.malformed = malformed
+        self.copied = False  # the sink's copy of the batch exists (it was not skipped as committed)
+        self._bad = 0
+        self._dead_letters: BackgroundCall | None = None
+
+    def decoded(self, bad: int) -> None:
+        """The batch's malformed records are counted: fail now, or have them appended."""
+        if bad and (self.config.on_malformed == "fail" or not self.config.dead_letter):
+            raise _malformed_error(self.config, self.batch_id, bad, self.malformed())
+        mark("batch_decoded", once=True, batch=self.batch_id)
+        self._bad = bad
+
+    def at_phase(self, phase: str) -> None:
+        if phase == "after_materialize" and not self.copied:  # the first copy only (a rerun copies again)
+            self.copied = True
+            if self.decode is not None:
+                self.decoded(self.decode.counts()[2])
+                self.start_dead_letters()
+        elif phase == "before_commit" and self._dead_letters is not None:
+            self._dead_letters.wait_quietly()  # its failure fails the batch after the MERGE (a rerun skips it)
+
+    def start_dead_letters(self) -> None:
+        if self._bad and self._dead_letters is None:
+            self._dead_letters = _dead_letters_beside(self.spark, self.config, self.malformed(), self.batch_id)
+
+    def finish_dead_letters(self) -> None:
+        if self._dead_letters is not None:
+            self._dead_letters.result()
+
+    def stop_dead_letters(self) -> None:
+        if self._dead_letters is not None:
+            self._dead_letters.wait_quietly()
+
+
+def _malformed_error(config: IngestConfig, batch_id: int, bad: int, malformed: DataFrame) -> MalformedRecordsError:
+    sample = [r["error"] for r in malformed.limit(3).collect()]
+    return MalformedRecordsError(
+        f"Batch {batch_id}: {bad} Kafka record(s) could not be decoded, e.g. {sample}; "
+        "configure --dead-letter (on_malformed=dead_letter) to divert them.")
 
 
 def _prepare_first_batch(spark: SparkSession, config: IngestConfig, followed: list[FollowedTable]
@@ -183,7 +275,7 @@ def _prepare_first_batch(spark: SparkSession, config: IngestConfig, followed: li
     return thread
 
 
-def _dead_letters_beside(spark: SparkSession, config: IngestConfig, decoded: debezium.DecodedBatch,
+def _dead_letters_beside(spark: SparkSession, config: IngestConfig, malformed: DataFrame,
                          batch_id: int) -> BackgroundCall:
     """The malformed records' append to the dead-letter table, started beside the batch's MERGE.
 
@@ -195,7 +287,6 @@ def _dead_letters_beside(spark: SparkSession, config: IngestConfig, decoded: deb
     assert config.dead_letter is not None
     app_id = spark.sparkContext.getLocalProperty("sql.streaming.queryId") or "kafka_cdc_ingest"
     dead_letter = resolve(config.dead_letter, spark, config.storage_options)
-    malformed = decoded.malformed
 
     # With the session's settings as they are: a thread of its own must not change them (the
     # MERGE's thread sets and restores some while this runs), so no interpreted block here.

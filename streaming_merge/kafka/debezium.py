@@ -44,6 +44,7 @@ from pyspark.sql import Column, DataFrame, Observation, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import LongType, StringType, StructField, StructType
 
+from streaming_merge.kafka.source import KafkaRange
 from streaming_merge.merge.materialize import release, storage_level
 from streaming_merge.spark.jvm import jvm_class
 from streaming_merge.spark.per_context import PerContext
@@ -141,11 +142,54 @@ def decode_batch(records: DataFrame, row_schema: StructType, keys: Sequence[str]
     # Tombstones are counted above, then dropped before the copy is written.
     frame = observed.filter(plan.not_tombstone).drop(_TOMBSTONE).localCheckpoint(
         eager=True, storageLevel=storage_level(storage_level_name))
-    counts = {name: int(value or 0) for name, value in observation.get.items()}
+    counts = {name: int(observation.get[name] or 0) for name in ("records", "tombstones", "malformed")}
     log.debug("Decoded %s", counts)
     return DecodedBatch(staged=frame, events=plan.events(frame), malformed=plan.malformed(frame),
                         num_records=counts["records"], num_tombstones=counts["tombstones"],
                         num_malformed=counts["malformed"])
+
+
+@dataclass(frozen=True)
+class ObservedDecode:
+    """Kafka records decoded inside whatever job first reads ``events`` (a sink's own copy of
+    the batch), their counts observed there: no Spark job and no copy of the decode's own.
+    The counts may be asked once a job has read ``events``, never before (they would wait)."""
+
+    events: DataFrame
+    observation: Observation
+    plan: _DecodePlan
+
+    def counts(self) -> tuple[int, int, int]:
+        """(records, tombstones, malformed records) of the batch."""
+        observed = self.observation.get
+        return int(observed["records"] or 0), int(observed["tombstones"] or 0), int(observed["malformed"] or 0)
+
+    def malformed_ranges(self) -> list[KafkaRange]:
+        """The offsets of the batch's malformed records, as the least range of each partition
+        that holds them."""
+        bounds: dict[tuple[str, int], tuple[int, int]] = {}
+        for topic, partition, offset in self.observation.get["malformedAt"] or []:
+            low, high = bounds.get((topic, partition), (offset, offset))
+            bounds[(topic, partition)] = (min(low, offset), max(high, offset))
+        return [KafkaRange(topic, partition, low, high + 1)
+                for (topic, partition), (low, high) in sorted(bounds.items())]
+
+    def malformed(self, records: DataFrame) -> DataFrame:
+        """The malformed ones of ``records`` (dead-letter columns), decoded again."""
+        return self.plan.malformed(self.plan.stage(records).filter(self.plan.not_tombstone))
+
+
+def decode_observed(records: DataFrame, row_schema: StructType, keys: Sequence[str] = (),
+                    truncates: bool = False) -> ObservedDecode:
+    """:func:`decode_batch` without its job: the events as a plan that decodes while its
+    reader's job runs, counting records, tombstones and malformed records (and noting where
+    the malformed ones are) as it goes. A streaming job then runs one Spark job, one copy and
+    one pass of the driver's planning less per batch than a decode checkpoint that its sink
+    copies again."""
+    plan = _plan_for(records, row_schema, keys, truncates)
+    observation = Observation()
+    staged = plan.stage(records).observe(observation, *plan.counts).filter(plan.not_tombstone)
+    return ObservedDecode(events=plan.events(staged), observation=observation, plan=plan)
 
 
 def decode(records: DataFrame, row_schema: StructType, keys: Sequence[str] = (), truncates: bool = False
@@ -197,7 +241,9 @@ def _plan_in(context: Any, row_schema: StructType, keys: Sequence[str], truncate
                           malformed=_malformed(),
                           counts=[F.count(F.lit(1)).alias("records"),
                                   F.count(F.when(F.col(_TOMBSTONE), 1)).alias("tombstones"),
-                                  F.count(F.when(F.col(_ERROR).isNotNull(), 1)).alias("malformed")],
+                                  F.count(F.when(F.col(_ERROR).isNotNull(), 1)).alias("malformed"),
+                                  F.collect_list(F.when(F.col(_ERROR).isNotNull(), F.struct(
+                                      F.col(_TOPIC), F.col(_PARTITION), F.col(_OFFSET)))).alias("malformedAt")],
                           not_tombstone=~F.col(_TOMBSTONE)))
 
 

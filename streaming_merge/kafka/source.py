@@ -63,6 +63,7 @@ __all__ = [
     "clear_consumer_cache",
     "consumer_cache_stats",
     "read_range",
+    "read_ranges",
     "register",
 ]
 
@@ -356,6 +357,25 @@ def register(spark: Any) -> str:
     """Register the source with ``spark``; returns its short name for ``format(...)``."""
     register_data_source(spark, KafkaDataSource)
     return SHORT_NAME
+
+
+def read_ranges(spark: Any, options: KafkaOptions, ranges: list[KafkaRange]) -> Any:
+    """The records of these offset ranges (this source's columns), read by executor Python
+    workers, one task a range, as a plain batch DataFrame: unlike a micro-batch's own records
+    read a second time, it is not the stream's input, so Spark's ``numInputRows`` of the batch
+    does not count it. For a job that must come back to a few records it has already read
+    (a batch's malformed records, for the dead-letter table)."""
+    rows = [(r.topic, r.partition, r.start, r.end) for r in ranges]
+    tasks = spark.createDataFrame(rows, "topic string, partition int, start long, end long").repartition(
+        max(1, len(rows)))
+    return tasks.mapInArrow(functools.partial(_read_tasks, options), SCHEMA)
+
+
+def _read_tasks(options: KafkaOptions, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    """In an executor Python worker: the records of each range in ``batches``."""
+    for batch in batches:
+        for task in batch.to_pylist():
+            yield from read_range(options, KafkaRange(task["topic"], task["partition"], task["start"], task["end"]))
 
 
 _warmed_up: set[int] = set()  # SparkContexts whose executor Python worker has been readied
