@@ -19,11 +19,12 @@ from typing import Any
 import deltalake
 import pytest
 from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
 from pyspark.sql.types import LongType, StringType, StructField, StructType
 
 import jobs.kafka_cdc_ingest as job
 from streaming_merge.kafka import debezium
-from streaming_merge.kafka.source import SCHEMA
+from streaming_merge.kafka.source import SCHEMA, KafkaRange
 from streaming_merge.merge.materialize import checkpoint_rdd_id
 from streaming_merge.spark.profile import profiling
 from tests.job_count import jobs_of
@@ -130,6 +131,22 @@ def test_lazy_decode_gives_the_same_frames(spark: SparkSession) -> None:
     assert sorted((r["offset"], r["error"]) for r in malformed.collect()) == [(o, e) for o, _, _, e in MALFORMED]
 
 
+def test_a_decode_observed_by_its_readers_job_counts_and_finds_the_malformed_records(spark: SparkSession) -> None:
+    """decode_observed: the events' first reader's job decodes and counts; the malformed
+    records' offsets, as ranges, are enough to decode them again from those records alone."""
+    records = kafka_records(spark)
+    decode = debezium.decode_observed(records, ROW_SCHEMA, keys=["id"])
+    jobs, events = jobs_of(spark, lambda: decode.events.collect())
+    assert jobs == 1
+    assert sorted(tuple(r) for r in events) == sorted(expected_events())
+    assert decode.counts() == (len(GOOD) + len(MALFORMED), 1, len(MALFORMED))
+    offsets = [o for o, *_ in MALFORMED]
+    assert decode.malformed_ranges() == [KafkaRange(TOPIC, 2, min(offsets), max(offsets) + 1)]
+    again = records.filter(F.col("partition") == 2)  # what reading that range from Kafka returns
+    assert sorted((r["offset"], r["error"]) for r in decode.malformed(again).collect()) == \
+        [(o, e) for o, _, _, e in MALFORMED]
+
+
 def test_the_decode_is_one_job_and_both_frames_read_its_copy(spark: SparkSession) -> None:
     records = kafka_records(spark)
     # Staging plan: one typed parse per record plus the three step-by-step parses that only
@@ -175,10 +192,12 @@ def test_a_batch_whose_decoded_copy_is_lost_is_staged_again(spark: SparkSession,
     MERGE: the sink cannot heal that (its retries read the same copy), so the job decodes the
     batch again; the dead-letter rows are not appended twice and the MERGE is applied once.
     The append runs beside the MERGE, so the sink here starts each batch only once the append
-    it runs beside has returned: that interleaving is the one under test."""
+    it runs beside has returned: that interleaving is the one under test. The batch goes the
+    checkpointed way (Spark's own connector's; also a new table's first batch and a replay's):
+    decoded in the sink's copy, a lost block is the sink's to heal (its retries copy again)."""
     config = job.IngestConfig(bootstrap_servers="unused:9092", topics=TOPIC, target=str(tmp_path / "items"),
                               keys=["id"], checkpoint=str(tmp_path / "chk"), dead_letter=str(tmp_path / "dead"),
-                              row_schema="id long, v string")
+                              row_schema="id long, v string", source_format="kafka")
     appended: list[int | None] = []
     append_returned = threading.Semaphore(0)
     original = job.append_rows
