@@ -892,7 +892,7 @@ def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
     unknown = parts - {"clients", "source", "e2e"}
     if unknown:
         raise SystemExit(f"--parts: unknown {sorted(unknown)}; choose from clients, source, e2e")
-    spark = local_session("kafka_ingest_bench", args.master)
+    spark = local_session("kafka_ingest_bench", args.master, short_run=args.jit == "c1", late_c2=args.jit == "late-c2")
     spark.range(10_000).selectExpr("sum(id)").collect()  # JVM and executors up before any clock starts
     result: dict[str, Any] = {"benchmark": "kafka_ingest", "created": datetime.now(UTC).isoformat(timespec="seconds"),
                               "parts": sorted(parts)}
@@ -905,7 +905,7 @@ def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
         spark.stop()
     result["environment"] = {
         "python": platform.python_version(), "pyspark": pyspark.__version__, "deltalake": deltalake.__version__,
-        "cpus": os.cpu_count(), "platform": platform.platform(), "master": args.master,
+        "cpus": os.cpu_count(), "platform": platform.platform(), "master": args.master, "jit": args.jit,
         "loadavgBefore": [round(x, 2) for x in load_before],
         "loadavgAfter": [round(x, 2) for x in os.getloadavg()], "broker": "tansu (embedded)"}
     return result
@@ -920,6 +920,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--partitions", type=int, default=2)
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--master", default="local[2]")
+    parser.add_argument("--jit", choices=("tiered", "late-c2", "c1"), default="tiered",
+                        help="the driver JVM's JIT, as the job's --jit: tiered (the JVM's default, the default here), "
+                        "late-c2 (the job's default for a run that goes on), c1 (its default for --available-now)")
     parser.add_argument("--skip-read-baseline", action="store_true", help="skip the e2e read-only pass")
     parser.add_argument("--parts", default="clients,source,e2e",
                         help="comma list of: clients (the Kafka clients alone), source (the kafka_py source "
