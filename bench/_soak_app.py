@@ -15,8 +15,9 @@ rebinds, in this process only, names that the job and the library look up at cal
   ``after_materialize`` / ``after_find_touched_files`` / ``before_commit`` points);
 - ``streaming_merge.streaming.sink.copy_batch`` and ``streaming_merge.kafka.debezium.decode_batch``:
   the calls whose Spark job reads the batch's Kafka records (see :func:`main`'s read wrapper);
-- ``deltalake.DeltaTable.create_write_transaction``: the delta-rs call that writes a commit
-  file of the target, tombstone or dead-letter table (streaming_merge.table.commit).
+- ``streaming_merge.table.commit.put_if_absent``: the put-if-absent that writes a commit file of
+  the target, tombstone or dead-letter table (``deltalake.DeltaTable.create_write_transaction``,
+  which wrote them before the project wrote its own commits, is still wrapped too).
 
 Every event goes to ``--events`` as one JSON line, written and closed at once (the process
 may be killed right after). The soak reads them to know where each kill landed.
@@ -67,6 +68,7 @@ from streaming_merge.kafka import debezium
 from streaming_merge.merge.materialize import checkpoint_rdd_id
 from streaming_merge.session import local_session
 from streaming_merge.streaming import sink as sink_module
+from streaming_merge.table import commit as commit_module
 
 EXECUTOR_MAIN_CLASS = "org.apache.spark.executor.CoarseGrainedExecutorBackend"
 WATCH_POLL_S = 0.005
@@ -331,6 +333,23 @@ def main(argv: list[str] | None = None) -> int:
 
     deltalake.DeltaTable.create_write_transaction = write_transaction  # type: ignore[method-assign]
 
+    # -- our own commit writes (streaming_merge.table.commit: the commit file's put-if-absent)
+    original_put = commit_module.put_if_absent
+
+    def put_commit(store: Any, path: str, data: bytes) -> bool:
+        table = tables.get(os.path.realpath(str(getattr(store, "prefix", ""))), "other")
+        version = int(path.rsplit("/", 1)[-1].split(".")[0])
+        if kill_due("commit_before", table):
+            die(state, "commit_before", table=table, readVersion=version - 1)
+        created = original_put(store, path, data)
+        if created:
+            state.emit("commit_written", table=table, version=version)
+            if kill_due("commit_after", table):
+                die(state, "commit_after", table=table, version=version)
+        return created
+
+    commit_module.put_if_absent = put_commit
+
     # -- the Kafka read.
     # The kafka_py source is lazy: Spark plans a batch's offset ranges on the driver, but
     # not one record is fetched until a Spark job of the batch function reads them. In
@@ -421,8 +440,9 @@ def main(argv: list[str] | None = None) -> int:
     # -- the foreachBatch function and the progress callback
     original_batch_function = job.batch_function
 
-    def batch_function(config: job.IngestConfig, on_progress: Callable[[dict[str, Any]], None]) -> Any:
-        run, sink = original_batch_function(config, on_progress)
+    def batch_function(config: job.IngestConfig, on_progress: Callable[[dict[str, Any]], None],
+                       **options: Any) -> Any:
+        run, sink = original_batch_function(config, on_progress, **options)
 
         def traced(records: DataFrame, batch_id: int) -> None:
             state.batch = batch_id
