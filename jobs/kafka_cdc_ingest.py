@@ -145,19 +145,23 @@ def batch_function(config: IngestConfig, on_progress: Callable[[dict[str, Any]],
     def decoded_in_sink(records: DataFrame, batch_id: int, row_schema: StructType) -> dict[str, Any] | None:
         """The batch decoded inside the sink's copy; None when the sink skipped it."""
         spark = records.sparkSession
-        kafka = KafkaOptions.parse(source_options(config, ("subscribe", config.topics), config.bootstrap_servers))
         decode = debezium.decode_observed(records, row_schema, keys=config.keys, truncates=config.apply_truncates)
-        batch = _BatchWrites(spark, config, batch_id, decode,
-                             lambda: decode.malformed(read_ranges(spark, kafka, decode.malformed_ranges())))
+
+        def malformed() -> DataFrame:  # asked only of a batch that has malformed records
+            kafka = KafkaOptions.parse(source_options(config, ("subscribe", config.topics), config.bootstrap_servers))
+            return decode.malformed(read_ranges(spark, kafka, decode.malformed_ranges()))
+
+        batch = _BatchWrites(spark, config, batch_id, decode, malformed)
         through_sink(batch, decode.events, config.max_offsets_per_trigger)
         return progress_of(*decode.counts()) if batch.copied else None  # no copy: committed before
 
-    def run_staged(records: DataFrame, batch_id: int, level: str) -> dict[str, Any]:
+    def run_staged(records: DataFrame, batch_id: int, level: str, row_schema: StructType | None
+                   ) -> dict[str, Any]:
         spark = records.sparkSession
         # A trigger reads at most maxOffsetsPerTrigger records: with a small bound the decode runs
         # without generated code (streaming_merge.spark.interpreted), and the sink is told the count.
         with interpreted_if_small(spark, config.max_offsets_per_trigger, DEFAULT_INTERPRETED_MAX_ROWS):
-            decoded = _decode(records, config, level, followed[0])
+            decoded = _decode(records, config, level, row_schema)
         try:
             batch = _BatchWrites(spark, config, batch_id, None, lambda: decoded.malformed)
             batch.decoded(decoded.num_malformed)
@@ -178,7 +182,7 @@ def batch_function(config: IngestConfig, on_progress: Callable[[dict[str, Any]],
             progress = decoded_in_sink(records, batch_id, row_schema)
             if progress is not None:
                 return progress
-        return run_staged(records, batch_id, level)
+        return run_staged(records, batch_id, level, row_schema)
 
     def run(records: DataFrame, batch_id: int) -> None:
         on_progress(staged_again_on_lost_blocks(run_once, records, batch_id))
@@ -294,10 +298,11 @@ def _dead_letters_beside(spark: SparkSession, config: IngestConfig, malformed: D
                           "dead-letter-append")
 
 
-def _decode(records: DataFrame, config: IngestConfig, level: str, target: FollowedTable) -> debezium.DecodedBatch:
-    """The batch's records decoded once (a local checkpoint at ``level``); the row schema is
-    the configured or table's one, else inferred from this batch (its first only)."""
-    row_schema = _known_row_schema(config, target)
+def _decode(records: DataFrame, config: IngestConfig, level: str, row_schema: StructType | None
+            ) -> debezium.DecodedBatch:
+    """The batch's records decoded once (a local checkpoint at ``level``) with ``row_schema``
+    (the table's or configured one, :func:`_known_row_schema`), else with the schema inferred
+    from this batch (a new table's first only)."""
     inferred_from: DataFrame | None = None
     if row_schema is None:  # first batch of a new table only: inference needs a pass of its own
         records = inferred_from = records.localCheckpoint(eager=True, storageLevel=storage_level(level))

@@ -176,7 +176,7 @@ class ObservedDecode:
 
     def malformed(self, records: DataFrame) -> DataFrame:
         """The malformed ones of ``records`` (dead-letter columns), decoded again."""
-        return self.plan.malformed(self.plan.stage(records).filter(self.plan.not_tombstone))
+        return self.plan.malformed(self.plan.decoded(records))
 
 
 def decode_observed(records: DataFrame, row_schema: StructType, keys: Sequence[str] = (),
@@ -197,8 +197,8 @@ def decode(records: DataFrame, row_schema: StructType, keys: Sequence[str] = (),
     """(events, malformed) from Kafka records, lazily: each action on either frame decodes
     the records again. Streaming jobs use :func:`decode_batch`."""
     plan = _plan_for(records, row_schema, keys, truncates)
-    staged = plan.stage(records).filter(plan.not_tombstone)
-    return plan.events(staged), plan.malformed(staged)
+    decoded = plan.decoded(records)
+    return plan.events(decoded), plan.malformed(decoded)
 
 
 Step = Callable[[DataFrame], DataFrame]
@@ -215,6 +215,10 @@ class _DecodePlan:
     malformed: Step
     counts: list[Column]
     not_tombstone: Column
+
+    def decoded(self, records: DataFrame) -> DataFrame:
+        """``records`` decoded, tombstones dropped: what ``events`` and ``malformed`` select from."""
+        return self.stage(records).filter(self.not_tombstone)
 
 
 _PLANS: PerContext[_DecodePlan] = PerContext()
