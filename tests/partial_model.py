@@ -8,6 +8,10 @@ tombstone) are dropped; the rest apply one after the other: a delete removes the
 upsert sets every column it carries a value for (NULL, or the placeholder in a string
 column, means "unchanged") and starts from nothing when the row is absent. A batch whose
 newest event is a delete records a tombstone at its sequence.
+
+A NULL sequence is older than every value: such an event sorts first among its key's events,
+and applies only where the key's state has no sequence either (no row and no tombstone, or a
+row whose own sequence is NULL); a delete with a NULL sequence records no tombstone.
 """
 
 from __future__ import annotations
@@ -42,12 +46,12 @@ def apply_batches(batches: list[list[Event]], *, data_columns: list[str], ignore
             if event["id"] is not None:
                 by_key.setdefault(event["id"], []).append(event)
         for key, events in by_key.items():
-            ordered = sorted(events, key=lambda e: e["lsn"])  # stable: ties keep batch order
+            ordered = sorted(events, key=_sequence_order)  # stable: ties keep batch order
             row = rows.get(key)
             base = row["lsn"] if row is not None else tombstones.get(key)
             state = dict(row) if row is not None else None
             for event in ordered:
-                if base is not None and not event["lsn"] > base:
+                if base is not None and (event["lsn"] is None or not event["lsn"] > base):
                     continue
                 if event["op"] == "d":
                     state = None
@@ -56,10 +60,15 @@ def apply_batches(batches: list[list[Event]], *, data_columns: list[str], ignore
                 state = {"id": key, "lsn": event["lsn"]}
                 for column in data_columns:
                     state[column] = event[column] if is_present(column, event[column]) else previous.get(column)
-            if ordered[-1]["op"] == "d":
+            if ordered[-1]["op"] == "d" and ordered[-1]["lsn"] is not None:
                 tombstones[key] = max(tombstones.get(key, ordered[-1]["lsn"]), ordered[-1]["lsn"])
             if state is None:
                 rows.pop(key, None)
             else:
                 rows[key] = state
     return rows
+
+
+def _sequence_order(event: Event) -> tuple[bool, Any]:
+    """NULL sequences first, then by value."""
+    return (event["lsn"] is not None, event["lsn"] if event["lsn"] is not None else 0)

@@ -20,9 +20,9 @@ from streaming_merge.streaming.cdc import NULL_KEY_FLAG, BatchPreparer, CdcSpec
 
 class BatchCounts(NamedTuple):
     """What the copy's job observed of the batch's events (before one is kept per key).
-    ``partial_events``: upserts that leave a data column unchanged, or whose sequence is NULL
-    (partial updates only; while it is 0 the batch needs no partial clause, see
-    sink_clauses.cdc_upsert)."""
+    ``partial_events``: upserts that leave a data column unchanged (partial updates only; while
+    it is 0 the batch needs no partial clause, see sink_clauses.cdc_upsert; an event without a
+    sequence needs none either: it wins or loses whole in both, ``cdc._fold_partial``)."""
 
     rows: int
     null_keys: int
@@ -71,7 +71,7 @@ def copy_batch(spec: CdcSpec | None, preparer: BatchPreparer | None, scd_type: i
     observed = prepared.counts.get
     truncates = [v for v in observed.get("truncates") or [] if v is not None]
     oldest = observed.get("sequenceLo") if not observed.get("sequenceNulls") else None
-    partial = int(observed.get("partialEvents") or 0) + int(observed.get("sequenceNulls") or 0)
+    partial = int(observed.get("partialEvents") or 0)
     counts = BatchCounts(int(observed["rows"] or 0), int(observed["nullKeys"] or 0), int(observed["deletes"] or 0),
                          truncates, oldest, partial)
     return frame, counts, stats, int(kept.get["rows"] or 0) if kept is not None else None

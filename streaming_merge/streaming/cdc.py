@@ -33,7 +33,9 @@ ORDER_COL = "__sm_batch_order__"
 SEQUENCE_COL = "__sm_sequence__"
 TRUNCATE_FLAG = "__sm_is_truncate__"
 RESET_COL = "__sm_reset_seq__"  # partial updates: sequence of the batch's last delete of the key
-PROVIDER_PREFIX = "__sm_from__"  # partial updates: sequence of the event a column's value came from
+# Partial updates: struct(seq) of the event a column's value came from; NULL when no event
+# carried a value (a struct, so that an event without a sequence still counts as one).
+PROVIDER_PREFIX = "__sm_from__"
 Dedupe = Literal["last", "error"]
 
 
@@ -424,7 +426,7 @@ def values_newer_than(columns: Sequence[str], spec: CdcSpec, threshold: Column, 
         value = F.col(f"{alias}`{column}`")
         if column in data or column.startswith(PROVIDER_PREFIX):
             provider = F.col(f"{alias}`{column if column.startswith(PROVIDER_PREFIX) else PROVIDER_PREFIX + column}`")
-            value = F.when(threshold.isNull() | (provider > threshold), value).alias(column)
+            value = F.when(threshold.isNull() | (provider.getField("seq") > threshold), value).alias(column)
         # The other columns (the keys among them) are selected as they are, not aliased to their
         # own name: the optimizer drops such an alias, and a local checkpoint of this frame then
         # states its hash partitioning on the keys in attributes its output no longer has, so a
@@ -438,7 +440,9 @@ def _fold_partial(spec: CdcSpec, columns: Sequence[str], types: dict[str, str], 
     """One row per key that carries the batch's events folded in sequence order, for partial
     updates: the newest event's keys, sequence and delete flag; per data column the newest
     *present* value after the batch's last delete of the key (NULL when none) and, in
-    ``__sm_from__<column>``, the sequence of the event it came from; in ``__sm_reset_seq__`` the
+    ``__sm_from__<column>``, the sequence of the event it came from (as ``struct(seq)``: NULL
+    when no event carried a value, not NULL for an event without a sequence, which wins over a
+    table row without one as a whole-row upsert does); in ``__sm_reset_seq__`` the
     sequence of that last delete. The MERGE then decides per column against the table row's
     sequence (``MergeSink``): a value from an event older than the row is ignored, as a whole
     event older than the row is. NULL-key rows pass through unchanged, for the dead letter.
@@ -470,6 +474,10 @@ def _fold_partial(spec: CdcSpec, columns: Sequence[str], types: dict[str, str], 
     def after_reset(column: str) -> Column:
         return last_delete.isNull() | (F.col(f"`__sm_newest_{column}`.o") > last_delete)
 
+    def provider_of(column: str) -> Column:
+        newest = F.col(f"`__sm_newest_{column}`")
+        return F.when(newest.isNotNull(), F.struct(newest.getField("o").getField("seq").alias("seq")))
+
     def folded_only(column: str, value: Column) -> Column:
         return F.when(~passes & after_reset(column), value)
 
@@ -477,7 +485,7 @@ def _fold_partial(spec: CdcSpec, columns: Sequence[str], types: dict[str, str], 
         *[F.when(passes | after_reset(c), F.col(f"`__sm_newest_{c}`.v")).alias(c) if c in data
           else F.col(f"`{c}`") if c in spec.keys else F.col(f"__sm_last__.`{c}`").alias(c) for c in columns],
         F.when(~passes, last_delete.getField("seq")).alias(RESET_COL),
-        *[folded_only(c, F.col(f"`__sm_newest_{c}`.o.seq")).alias(f"{PROVIDER_PREFIX}{c}") for c in data]]
+        *[folded_only(c, provider_of(c)).alias(f"{PROVIDER_PREFIX}{c}") for c in data]]
     order_id = F.monotonically_increasing_id()
 
     def fold(rows: DataFrame) -> DataFrame:

@@ -90,7 +90,7 @@ def partial_upsert(spec: CdcSpec, builder: DeltaMergeBuilder, source_columns: Se
     assignments = {f"`{c}`": f"s.`{c}`" for c in fixed}
     for column in data:
         provider = f"s.`{PROVIDER_PREFIX}{column}`"
-        later = spec.later(provider, in_metadata=layout.in_metadata)
+        later = spec.later(f"{provider}.seq", in_metadata=layout.in_metadata)
         assignments[f"`{column}`"] = (f"CASE WHEN {fresh} OR ({provider} IS NOT NULL AND {later}) "
                                       f"THEN s.`{column}` ELSE t.`{column}` END")
     values = {f"`{c}`": f"s.`{c}`" for c in [*fixed, *data]}
