@@ -2,9 +2,9 @@
 instrumented, that SIGKILLs its own process group at the point it is told to.
 
 Why a wrapper and not the job's CLI: the interesting crash points (right before / right
-after delta-rs writes a commit, while the Kafka records are being read on the executors,
+after a commit file is written, while the Kafka records are being read on the executors,
 between the MERGE commit and Spark's offset commit) are only reachable from inside the
-driver, at a known moment. The wrapper runs ``jobs.kafka_cdc_ingest.start(...)`` with
+job, at a known moment. The wrapper runs ``jobs.kafka_cdc_ingest.start(...)`` with
 ``availableNow`` exactly as the CLI does and changes no file of the library or the job: it
 rebinds, in this process only, names that the job and the library look up at call time
 (as tests/streaming_support/kafka_ingest_app.py does):
@@ -24,10 +24,11 @@ may be killed right after). The soak reads them to know where each kill landed.
 
 Kill points (``--kill KIND:BATCH[:ARG]``: the first time KIND happens in a batch >= BATCH):
 
-- ``commit_before:B:TABLE`` / ``commit_after:B:TABLE``: right before / right after delta-rs
-  writes a commit of TABLE (``target`` = the MERGE with the batch's txn, ``tombstones`` = the
+- ``commit_before:B:TABLE`` / ``commit_after:B:TABLE``: right before / right after a
+  commit file of TABLE is written (``target`` = the MERGE with the batch's txn, ``tombstones`` = the
   batch's delete tombstones, written just before the MERGE);
-- ``mid_read:B:DELAY_MS``: while the batch's Kafka records are being read (see below);
+- ``mid_read:B``: inside a read task of the batch's Kafka records, once it has fetched some
+  and before Spark has them (``bench/_soak_worker.py``, the workers' Python daemon);
 - ``mid_merge:B``: the MERGE's data files are written, its commit is not (orphan files);
 - ``after_merge_commit:B``: the MERGE is committed, Spark's offset commit is not (the
   restart must replay the batch and skip it by its Delta txn).
@@ -64,6 +65,7 @@ from pyspark import SparkContext
 from pyspark.sql import DataFrame
 
 import jobs.kafka_cdc_ingest as job
+from bench._soak_worker import ARMING_ENV
 from streaming_merge.kafka import debezium
 from streaming_merge.merge.materialize import checkpoint_rdd_id
 from streaming_merge.session import local_session
@@ -311,7 +313,14 @@ def main(argv: list[str] | None = None) -> int:
             executor_kill_batches.add(state.batch)
         return point
 
-    spark = local_session("soak-kafka-ingest", args.master, shuffle_partitions=2)
+    # A mid_read kill fires inside a read task (bench/_soak_worker.py: the workers' daemon), armed
+    # by the driver through this file while the batch's read job is in flight.
+    arming = args.events + ".armed"
+    extra_conf = {}
+    if kill is not None and kill.kind == "mid_read":
+        os.environ[ARMING_ENV] = arming  # the JVM, its daemon and workers inherit it
+        extra_conf["spark.python.daemon.module"] = "bench._soak_worker"
+    spark = local_session("soak-kafka-ingest", args.master, shuffle_partitions=2, extra_conf=extra_conf)
     sc = spark.sparkContext
     state.emit("session", appId=sc.applicationId, master=sc.master, sinceStartMs=round(
         (time.monotonic() - state.started) * 1000))
@@ -373,18 +382,12 @@ def main(argv: list[str] | None = None) -> int:
     def reading(original: Callable[..., Any], *a: Any, **kw: Any) -> Any:
         state.reading, state.read_started = True, time.monotonic()
         state.emit("read_start")
-        if kill_due("mid_read"):
-            assert kill is not None
-            # Halved after each batch whose read ended first, zero (as soon as the read's tasks
-            # run) from the fourth: the kill cannot drift to the end of the stream.
-            delay = float(kill.arg or 0) / 1000 / 2 ** misses["process"] if misses["process"] < 3 else 0.0
-
-            def process_kill(detail: dict[str, Any]) -> bool:
-                die(state, "mid_read", msSinceReadStart=round((time.monotonic() - state.read_started) * 1000),
-                    batchesMissed=misses["process"], **detail)
-                return True
-
-            watch_tasks(sc, lambda: state.reading, delay, process_kill, lambda: miss("process"))
+        armed = kill_due("mid_read")
+        if armed:  # a read task that fetches records kills the life (bench/_soak_worker.py)
+            with open(arming + ".tmp", "w", encoding="utf-8") as handle:
+                json.dump({"pgid": os.getpgid(0), "events": args.events, "batch": state.batch,
+                           "armedAt": time.time()}, handle)
+            os.replace(arming + ".tmp", arming)
         point = executor_point("mid_read")
         if point is not None:
             def executor_kill(detail: dict[str, Any], point: Point = point) -> bool:
@@ -398,6 +401,10 @@ def main(argv: list[str] | None = None) -> int:
             result = original(*a, **kw)
         finally:
             state.reading = False
+            if armed:
+                os.remove(arming)
+        if armed:  # the job read no record (a batch the sink skipped has no copy_batch call at all)
+            miss("process")
         state.emit("read_end", ms=round((time.monotonic() - state.read_started) * 1000))
         return result
 

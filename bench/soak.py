@@ -14,10 +14,10 @@ standalone master and workers of a ``local-cluster``, executor JVMs and their Py
 workers), like a machine dying, at a point chosen with a seeded RNG, at least
 ``--kills`` times, and deliberately at each kind of point:
 
-- ``commit_before`` / ``commit_after``: right before / right after delta-rs writes a commit of
+- ``commit_before`` / ``commit_after``: right before / right after a commit file is written of
   the target (the MERGE with the batch's txn) or of the tombstone table (the batch's deletes,
   written just before the MERGE);
-- ``mid_read``: while the batch's Kafka records are being read on the executors;
+- ``mid_read``: inside a task reading the batch's Kafka records, once it has fetched some;
 - ``mid_merge``: the MERGE's files are written, its commit is not (orphan files);
 - ``after_merge_commit``: between the MERGE commit and Spark's offset commit (the replay
   must be skipped by the Delta txn);
@@ -92,7 +92,7 @@ SUBMIT_ARGS = f"--conf spark.executor.extraJavaOptions={JVM_OPTIONS} --driver-ja
 @dataclass
 class KillPlan:
     """One process kill: KIND at the first eligible point of a batch >= ``batch``.
-    ``fraction`` scales the random delay of ``mid_read`` / ``wall_clock`` kills (drawn from the
+    ``fraction`` scales the random delay of a ``wall_clock`` kill (drawn from the
     seeded RNG up front; the delay's scale is measured during the run)."""
 
     index: int
@@ -260,7 +260,6 @@ class Soak:
         self.target = workdir / TABLE
         self.checkpoint = workdir / "checkpoint"
         self.dead_letter = workdir / "dead_letter"
-        self.read_ms: list[float] = []  # decode_batch durations, to scale mid_read delays
         self.batch_s: list[float] = []  # batch durations, to scale wall-clock delays
 
     def command(self, events: Path, kill: KillPlan | None, executor_points: list[ExecutorPlan]) -> list[str]:
@@ -271,19 +270,12 @@ class Soak:
                    "--events", str(events)]
         if kill is not None and kill.kind != "wall_clock":
             arg = kill.table
-            if kill.kind == "mid_read":
-                arg = str(round(kill.fraction * self.read_scale_ms()))
             command += ["--kill", f"{kill.kind}:{kill.batch}" + (f":{arg}" if arg else "")]
         for point in executor_points:
             command += ["--executor-kill", f"{point.kind}:{point.batch}"]
         if kill is not None and executor_points:
             command += ["--executor-kills-before", str(kill.batch)]
         return command
-
-    def read_scale_ms(self) -> float:
-        """Half the shortest read seen so far: a delay in [0, that) lands inside a typical
-        read; a read that ends first just moves the kill to the next batch."""
-        return 0.5 * min(self.read_ms) if self.read_ms else 150.0
 
     def wall_scale_s(self) -> float:
         """1.5 median warm batches: a wall-clock kill lands anywhere in the batch or the next."""
@@ -352,8 +344,6 @@ class Soak:
             if merge["batchId"] in started_at and merge["batchId"] != life.first_batch \
                     and not merge["progress"].get("skipped"):
                 self.batch_s.append(merge["t"] - started_at[merge["batchId"]])
-        reads = [e for e in events if e["event"] == "read_end"]
-        self.read_ms += [e["ms"] for e in reads]
         kill_event = next((e for e in events if e["event"] == "kill"), None)
         if kill_event is not None:
             life.killed_at = {k: v for k, v in kill_event.items() if k not in ("event", "t")}
@@ -529,11 +519,12 @@ def phase_of(where: dict[str, Any]) -> str:
     """Where a kill landed, in words: the app's own point, or (wall clock) after its last event."""
     kind = where.get("kind")
     if kind == "commit_before":
-        return f"right before delta-rs writes the {where.get('table')} commit"
+        return f"right before the {where.get('table')} commit is written"
     if kind == "commit_after":
-        return f"right after delta-rs wrote the {where.get('table')} commit"
+        return f"right after the {where.get('table')} commit was written"
     if kind == "mid_read":
-        return f"mid Kafka read ({where.get('activeTasksAtKill')} read task(s) running)"
+        return (f"mid Kafka read (a task of {where.get('topic')}:{where.get('partition')}, "
+                f"{where.get('rowsFetched')} records fetched)")
     if kind == "mid_merge":
         return "MERGE files written, commit not"
     if kind == "after_merge_commit":
