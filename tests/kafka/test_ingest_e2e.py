@@ -190,13 +190,12 @@ def app_events(workdir: Path) -> list[dict[str, Any]]:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("phase", ["after_commit", "after_dead_letter"])
-def test_exactly_once_across_sigkill_and_restart(tmp_path: Path, kafka_broker: KafkaBrokerClient,
-                                                 kafka_topic: Callable[..., str], phase: str) -> None:
-    """Kill points: ``after_commit`` of batch 1 (MERGE committed, Spark's offsets not: the
-    replay must be skipped by the txn) and ``after_dead_letter`` of a batch with malformed
-    records (dead-letter rows committed, MERGE not: the replay must apply the MERGE and
-    skip the dead-letter append)."""
+def test_exactly_once_across_sigkills_and_restarts(tmp_path: Path, kafka_broker: KafkaBrokerClient,
+                                                   kafka_topic: Callable[..., str]) -> None:
+    """Three lives, two kills in one batch with malformed records: ``after_dead_letter`` (its
+    dead-letter rows committed, its MERGE not: the restart must apply the MERGE and skip the
+    dead-letter append), then, in the restart's replay of that batch, ``after_commit`` (the
+    MERGE committed, Spark's offsets not: the next restart must skip the batch by its txn)."""
     topic = kafka_topic(partitions=1)  # one partition: batch b holds offsets [b*limit, (b+1)*limit)
     records, expected, acks = produce_generated(kafka_broker, topic, events=40, keys=10, seed=7)
     limit = math.ceil(len(records) / 3)
@@ -204,36 +203,42 @@ def test_exactly_once_across_sigkill_and_restart(tmp_path: Path, kafka_broker: K
     malformed = {ack.offset: r.value for r, ack in zip(records, acks, strict=True) if r.key == b"bad"}
     assert len(malformed) == len(cdc_generator.MALFORMED)
     malformed_batches = sorted({offset // limit for offset in malformed})
-    kill_batch = 1 if phase == "after_commit" else next((b for b in malformed_batches if b >= 1), malformed_batches[0])
+    kill_batch = next((b for b in malformed_batches if b >= 1), malformed_batches[0])
 
-    killed = run_app(tmp_path, kafka_broker.bootstrap_servers, topic, limit, f"{phase}:{kill_batch}")
-    assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
-    before = app_events(tmp_path)
-    committed_through = kill_batch if phase == "after_commit" else kill_batch - 1
-    assert [e["batchId"] for e in before if e["event"] == "merge"] == list(range(committed_through + 1))
-    if phase == "after_dead_letter":
-        assert before[-1]["event"] == "dead_letter" and before[-1]["batchId"] == kill_batch
-        assert isinstance(before[-1]["version"], int), "the dead-letter rows were committed before the kill"
+    def life(kill_at: str | None) -> list[dict[str, Any]]:
+        """One run of the job; its events."""
+        seen = len(app_events(tmp_path))
+        ended = run_app(tmp_path, kafka_broker.bootstrap_servers, topic, limit, kill_at)
+        assert ended.returncode == (-signal.SIGKILL if kill_at else 0), ended.stderr[-3000:]
+        return app_events(tmp_path)[seen:]
 
-    restarted = run_app(tmp_path, kafka_broker.bootstrap_servers, topic, limit, None)
-    assert restarted.returncode == 0, restarted.stderr[-3000:]
-    after = app_events(tmp_path)[len(before):]
-    merges = [e for e in after if e["event"] == "merge"]
-    assert [m["batchId"] for m in merges] == list(range(kill_batch, batches))
-    assert merges[0]["skipped"] is (phase == "after_commit"), merges[0]
-    assert not any(m["skipped"] for m in merges[1:])
-    if kill_batch in malformed_batches:  # the replayed batch's dead-letter append found its txn
-        replayed = [e for e in after if e["event"] == "dead_letter" and e["batchId"] == kill_batch]
-        assert [e["version"] for e in replayed] == [None]
+    def merged(events: list[dict[str, Any]]) -> list[tuple[int, bool]]:
+        return [(e["batchId"], e["skipped"]) for e in events if e["event"] == "merge"]
+
+    def dead_letter_versions(events: list[dict[str, Any]]) -> list[int | None]:
+        return [e["version"] for e in events if e["event"] == "dead_letter" and e["batchId"] == kill_batch]
+
+    first = life(f"after_dead_letter:{kill_batch}")
+    assert merged(first) == [(b, False) for b in range(kill_batch)]
+    assert first[-1]["event"] == "dead_letter" and first[-1]["batchId"] == kill_batch
+    assert isinstance(first[-1]["version"], int), "the dead-letter rows were committed before the kill"
+
+    second = life(f"after_commit:{kill_batch}")
+    assert merged(second) == [(kill_batch, False)], "the replay applies the MERGE the kill cut off"
+    assert dead_letter_versions(second) == [None], "the replay's dead-letter append found its txn"
+
+    third = life(None)
+    assert merged(third) == [(kill_batch, True)] + [(b, False) for b in range(kill_batch + 1, batches)]
+    assert dead_letter_versions(third) == [None]
 
     target, dead_letter = str(tmp_path / "orders"), str(tmp_path / "dead_letter")
     assert_table_equals(target, expected)
     dead = read_rows(dead_letter)
-    assert sorted(r["offset"] for r in dead) == sorted(malformed), "dead letters lost or duplicated by the replay"
+    assert sorted(r["offset"] for r in dead) == sorted(malformed), "dead letters lost or duplicated by the replays"
     assert {r["offset"]: r["value"] for r in dead} == malformed
     assert {(r["topic"], r["partition"], r["key"]) for r in dead} == {(topic, 0, b"bad")}
-    app_ids = {e["appId"] for e in before + after if e["event"] == "merge"}
-    assert len(app_ids) == 1, "the query id (the sink's app id) must survive the restart"
+    app_ids = {e["appId"] for e in first + second + third if e["event"] == "merge"}
+    assert len(app_ids) == 1, "the query id (the sink's app id) must survive the restarts"
     app_id = app_ids.pop()
     assert deltalake.DeltaTable(target).transaction_version(app_id) == batches - 1
     assert deltalake.DeltaTable(dead_letter).transaction_version(f"{app_id}:malformed") == malformed_batches[-1]
