@@ -15,9 +15,8 @@ rebinds, in this process only, names that the job and the library look up at cal
   ``after_materialize`` / ``after_find_touched_files`` / ``before_commit`` points);
 - ``streaming_merge.streaming.sink.copy_batch`` and ``streaming_merge.kafka.debezium.decode_batch``:
   the calls whose Spark job reads the batch's Kafka records (see :func:`main`'s read wrapper);
-- ``streaming_merge.table.commit.put_if_absent``: the put-if-absent that writes a commit file of
-  the target, tombstone or dead-letter table (``deltalake.DeltaTable.create_write_transaction``,
-  which wrote them before the project wrote its own commits, is still wrapped too).
+- ``streaming_merge.table.commit.put_if_absent``: the put-if-absent that writes every commit file
+  of the target, tombstone and dead-letter tables (the project writes its own commits).
 
 Every event goes to ``--events`` as one JSON line, written and closed at once (the process
 may be killed right after). The soak reads them to know where each kill landed.
@@ -58,9 +57,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
-from urllib.parse import unquote, urlparse
 
-import deltalake
 from pyspark import SparkContext
 from pyspark.sql import DataFrame
 
@@ -80,7 +77,7 @@ EXECUTOR_DEATH_TIMEOUT_S = 30.0
 @dataclass
 class Point:
     """A kill point: KIND at the first eligible batch >= batch; ``arg`` is the table of a
-    commit kill or the delay (ms) of a read kill."""
+    commit kill."""
 
     kind: str
     batch: int
@@ -327,22 +324,7 @@ def main(argv: list[str] | None = None) -> int:
     tables = {os.path.realpath(args.target): "target", os.path.realpath(args.target + "_tombstones"): "tombstones",
               os.path.realpath(args.dead_letter): "dead_letter"}
 
-    # -- delta-rs commit writes
-    original_write = deltalake.DeltaTable.create_write_transaction
-
-    def write_transaction(self: deltalake.DeltaTable, *a: Any, **kw: Any) -> Any:
-        table = tables.get(os.path.realpath(unquote(urlparse(self.table_uri).path)), "other")
-        if kill_due("commit_before", table):
-            die(state, "commit_before", table=table, readVersion=self.version())
-        result = original_write(self, *a, **kw)
-        state.emit("commit_written", table=table, version=self.version() + 1)
-        if kill_due("commit_after", table):
-            die(state, "commit_after", table=table, version=self.version() + 1)
-        return result
-
-    deltalake.DeltaTable.create_write_transaction = write_transaction  # type: ignore[method-assign]
-
-    # -- our own commit writes (streaming_merge.table.commit: the commit file's put-if-absent)
+    # -- commit writes (streaming_merge.table.commit: the commit file's put-if-absent)
     original_put = commit_module.put_if_absent
 
     def put_commit(store: Any, path: str, data: bytes) -> bool:
@@ -366,13 +348,11 @@ def main(argv: list[str] | None = None) -> int:
     # job that reads, decodes, folds and copies the records; debezium.decode_observed), or,
     # for a new table's first batch and a replayed one, debezium.decode_batch (a local
     # checkpoint of the decoded records). Either job's tasks run the source's partition readers
-    # in the executors' Python workers (one consumer per Kafka partition range). So "that call
-    # has not returned AND the driver sees tasks of its job running" means Kafka records of this
-    # batch are being fetched/decoded right now; a
-    # kill then lands mid-read. The kill waits for running tasks, then the given short
-    # random delay, and only fires if the job is still in flight; when the job finished
-    # first (a read shorter than the delay), the point stays pending for the next batch,
-    # with half the delay (none from the fourth try).
+    # in the executors' Python workers (one consumer per Kafka partition range). The process
+    # kill fires inside such a task (bench/_soak_worker.py), armed while that call runs. The
+    # executor kill (local-cluster) picks an executor the driver sees running tasks of the job
+    # while the call has not returned; when the job ended first, the point stays pending for
+    # the next batch, its delay (50 ms the first time) then none.
     misses = {"process": 0, "executor": 0}
 
     def miss(which: str) -> None:
