@@ -150,6 +150,28 @@ def _session_conf(master: str, extra_conf: Mapping[str, str], *, short_run: bool
     return conf, build
 
 
+def class_archive_path(master: str = "local[2]", extra_conf: Mapping[str, str] | None = None,
+                       class_archive: bool | None = None) -> Path | None:
+    """The class archive that ``local_session(..., master, extra_conf=..., class_archive=...)``
+    started now would map, or build when it is missing; None when it would use none (a cluster
+    master, archives off, no JDK found). :func:`streaming_merge.spark.class_archive.complete`
+    says whether it is built.
+
+    For a step that builds the archive before the JVMs that should map it start: a container
+    image's build, or a test session whose driver subprocesses would otherwise all start while
+    the first local JVM, the archive's builder, still runs, and so without it."""
+    if not _is_local(master):
+        return None
+    extra = dict(extra_conf or {})
+    conf = {**_local_files_conf(master), **extra}
+    if DRIVER_JAVA_OPTIONS not in conf:
+        conf.update(_defaults_file_java_options())
+    given_java_options = conf.get(DRIVER_JAVA_OPTIONS, "")
+    if not _class_archive.wanted(class_archive, given_java_options):
+        return None
+    return _class_archive.path_for(conf, given_java_options)
+
+
 def _starts_jvm() -> bool:
     """Whether creating a session now starts a driver JVM in this process (not under
     spark-submit, not Spark Connect, not once a JVM runs)."""

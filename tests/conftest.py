@@ -20,6 +20,8 @@ import contextlib
 import logging
 import os
 import re
+import subprocess
+import sys
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -41,7 +43,26 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 @pytest.fixture(scope="session")
-def spark() -> Iterator[object]:
+def driver_class_archive() -> None:
+    """The driver class archive built before any test's driver starts (see
+    tests/streaming_support/class_archive_warmup.py): one JVM life of ~30 s when it is missing,
+    nothing when it is there. A failed build only costs speed: the drivers then start without it."""
+    from streaming_merge.session import class_archive_path
+    from streaming_merge.spark.class_archive import complete
+
+    archive = class_archive_path("local[2]")
+    if archive is None or complete(archive):
+        return
+    result = subprocess.run([sys.executable, "-m", "tests.streaming_support.class_archive_warmup"],
+                            cwd=Path(__file__).resolve().parent.parent, capture_output=True, text=True,
+                            timeout=900, check=False)
+    if result.returncode != 0 or not complete(archive):
+        logger.warning("No driver class archive built before the tests (exit %d): %s", result.returncode,
+                       result.stderr[-2000:])
+
+
+@pytest.fixture(scope="session")
+def spark(driver_class_archive: None) -> Iterator[object]:
     from streaming_merge.session import local_session
 
     session = local_session("streaming_merge-tests", "local[2]", shuffle_partitions=2)

@@ -293,16 +293,22 @@ def _clean(directory: Path, archive: Path) -> None:
                         entry.with_name(entry.name + extra).unlink()
 
 
+def path_for(settings: Mapping[str, str], given_options: str) -> Path | None:
+    """The archive of this key in the cache folder (built or not), or None where there is none: no
+    JVM to key by, or a platform other than Linux and macOS."""
+    if sys.platform != "linux" and sys.platform != "darwin":
+        return None
+    material = key_material(settings, given_options)
+    return None if material is None else archive_path(material, cache_dir())
+
+
 def prepare(settings: Mapping[str, str], given_options: str) -> tuple[str | None, Build | None]:
     """The driver JVM option for this key (use the archive, or build it) and the build to
     finish, if this process builds it. (None, None): no archive this time."""
-    if sys.platform != "linux" and sys.platform != "darwin":
+    archive = path_for(settings, given_options)
+    if archive is None:
         return None, None
-    material = key_material(settings, given_options)
-    if material is None:
-        return None, None
-    directory = cache_dir()
-    archive = archive_path(material, directory)
+    directory = archive.parent
     if complete(archive):
         with contextlib.suppress(OSError):
             if time.time() - archive.stat().st_mtime > 86400:

@@ -39,7 +39,7 @@ def main() -> int:
             handle.write(json.dumps(sink.lastProgress) + "\n")
         kill.die_if("after_commit")
 
-    spark = local_session("cdf-chain-app", "local[2]", shuffle_partitions=2)
+    spark = local_session("cdf-chain-app", "local[2]", shuffle_partitions=2, short_run=True)
     config = ChainConfig(source=args.source, target=args.target, keys=["id"], checkpoint=args.checkpoint,
                          available_now=True, max_files_per_trigger=1, starting_version="0")
     query = start(spark, config, on_batch=on_batch, phase_hook=hook, on_start=lambda b: setattr(kill, "batch", b))

@@ -62,7 +62,7 @@ def main(argv: list[str] | None = None) -> int:
     def on_batch(progress: dict[str, Any]) -> None:
         _append_line(args.progress, {"event": "batch", **{k: v for k, v in progress.items() if k != "tables"}})
 
-    spark = local_session("database-ingest-app", "local[2]", shuffle_partitions=2)
+    spark = local_session("database-ingest-app", "local[2]", shuffle_partitions=2, short_run=True)
     config = DatabaseConfig(
         bootstrap_servers=args.bootstrap_servers, subscribe_pattern=args.subscribe_pattern,
         target_root=args.target_root, checkpoint=args.checkpoint, dead_letter=args.dead_letter, available_now=True,

@@ -83,7 +83,7 @@ def main(argv: list[str] | None = None) -> int:
         _append_line(args.progress, {"event": "merge", **progress})
         die_if("after_commit", int(progress["batchId"]))
 
-    spark = local_session("kafka-ingest-app", args.master, shuffle_partitions=2)
+    spark = local_session("kafka-ingest-app", args.master, shuffle_partitions=2, short_run=True)
     config = job.IngestConfig(
         bootstrap_servers=args.bootstrap_servers, topics=args.topic, target=args.target,
         keys=[k for k in args.keys.split(",") if k], checkpoint=args.checkpoint, dead_letter=args.dead_letter,

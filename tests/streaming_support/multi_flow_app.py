@@ -43,7 +43,7 @@ def main() -> int:
         kill.at_sink_phase(phase)
         handshake.reached(phase, kill.batch, {})
 
-    spark = local_session(f"multi-flow-{args.name}", "local[2]", shuffle_partitions=2)
+    spark = local_session(f"multi-flow-{args.name}", "local[2]", shuffle_partitions=2, short_run=True)
     sink = MergeSink(args.target, keys=["id"], sequence_by="lsn", apply_as_deletes="op = 'd'",
                      except_column_list=["lsn"], app_id=args.name, conflict_backoff=(0.05, 0.5), phase_hook=hook)
 

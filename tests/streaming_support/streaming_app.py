@@ -57,7 +57,7 @@ def main() -> int:
                 "appId": spark.sparkContext.applicationId, "blocks": block_executors(frame),
                 "batchBlocks": block_executors(current["copy"]), "executors": cluster_report(spark)["executors"]})
 
-    spark = local_session("exactly-once-app", args.master, shuffle_partitions=2)
+    spark = local_session("exactly-once-app", args.master, shuffle_partitions=2, short_run=True)
     sink = MergeSink(args.target, keys=["id"], sequence_by="lsn", apply_as_deletes="op = 'd'", phase_hook=hook)
 
     def for_each_batch(batch: DataFrame, batch_id: int) -> None:

@@ -284,3 +284,22 @@ def test_the_jvm_starts_without_a_stale_archive_and_the_build_check_refuses_a_tr
     truncated = tmp_path / "truncated.jsa"
     truncated.write_bytes(made.read_bytes()[: made.stat().st_size // 3])
     assert not build._usable(truncated)
+
+
+def test_the_archive_path_is_the_one_the_session_would_build_or_map(
+        cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """session.class_archive_path names the archive local_session then builds (and, once built, maps),
+    for the same master and options: what a warm-up step builds ahead of the JVMs that map it."""
+    monkeypatch.delenv("STREAMING_MERGE_CLASS_ARCHIVE", raising=False)
+    monkeypatch.delenv("SPARK_CONF_DIR", raising=False)
+    given = {JAVA_OPTIONS: "-Dmine=1"}
+    path = session.class_archive_path("local[2]", given)
+    assert path is not None and path.parent == cache
+    _, build = session._session_conf("local[2]", given, short_run=True)  # C1 does not change the key
+    assert build is not None and build.archive == path
+    build.abandon()
+    assert session.class_archive_path("local[2]", {JAVA_OPTIONS: "-Dother=1"}) != path
+    assert session.class_archive_path("yarn", given) is None
+    assert session.class_archive_path("local[2]", given, class_archive=False) is None
+    monkeypatch.setenv("STREAMING_MERGE_CLASS_ARCHIVE", "0")
+    assert session.class_archive_path("local[2]", given) is None
