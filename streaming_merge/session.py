@@ -134,8 +134,8 @@ def _session_conf(master: str, extra_conf: Mapping[str, str], *, short_run: bool
     else ``spark-defaults.conf``'s) followed by this module's; options only matter to a JVM that
     is not running yet (``starts_jvm``)."""
     conf = {**_loopback_conf(master, extra_conf), **_local_files_conf(master), **extra_conf}
-    if starts_jvm and _is_local(master) and DRIVER_JAVA_OPTIONS not in conf:
-        conf.update(_defaults_file_java_options())
+    if starts_jvm:
+        conf.update(_defaults_file_java_options_for(master, conf))
     given_java_options = conf.get(DRIVER_JAVA_OPTIONS, "")
     if short_run:
         conf.update(_short_run_conf(master, conf))
@@ -162,10 +162,8 @@ def class_archive_path(master: str = "local[2]", extra_conf: Mapping[str, str] |
     the first local JVM, the archive's builder, still runs, and so without it."""
     if not _is_local(master):
         return None
-    extra = dict(extra_conf or {})
-    conf = {**_local_files_conf(master), **extra}
-    if DRIVER_JAVA_OPTIONS not in conf:
-        conf.update(_defaults_file_java_options())
+    conf = dict(extra_conf or {})
+    conf.update(_defaults_file_java_options_for(master, conf))
     given_java_options = conf.get(DRIVER_JAVA_OPTIONS, "")
     if not _class_archive.wanted(class_archive, given_java_options):
         return None
@@ -179,6 +177,14 @@ def _starts_jvm() -> bool:
 
     return (SparkContext._gateway is None and not os.environ.get("PYSPARK_GATEWAY_PORT")
             and not os.environ.get("SPARK_REMOTE") and not os.environ.get("SPARK_CONNECT_MODE_ENABLED"))
+
+
+def _defaults_file_java_options_for(master: str, conf: Mapping[str, str]) -> dict[str, str]:
+    """The driver JVM options a local session takes from ``spark-defaults.conf``: none when the
+    caller gave their own (``conf``) or the master is not local."""
+    if not _is_local(master) or DRIVER_JAVA_OPTIONS in conf:
+        return {}
+    return _defaults_file_java_options()
 
 
 def _defaults_file_java_options(environ: Mapping[str, str] | None = None) -> dict[str, str]:

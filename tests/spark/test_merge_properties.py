@@ -302,7 +302,7 @@ def check_case(spark: SparkSession, case: MergeCase) -> None:
         DeltaTable.createFromDataFrame(target_df(spark, case), path, partitionBy=partition_by,
                                        properties=cdf or None)
         # The deletion-vector table: a copy of the same files with the property turned on (a
-        # protocol upgrade commit), so both tables start from one layout, at the cost of one write.
+        # protocol upgrade commit): both tables start from one layout, for one Spark write, not two.
         shutil.copytree(path, dv_path)
         DeltaTable.forPath(spark, dv_path).setProperties(DELETION_VECTORS)
         rows = delta_rs_rows(path)
