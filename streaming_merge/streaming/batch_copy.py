@@ -22,7 +22,8 @@ class BatchCounts(NamedTuple):
     """What the copy's job observed of the batch's events (before one is kept per key).
     ``partial_events``: upserts that leave a data column unchanged (partial updates only; while
     it is 0 the batch needs no partial clause, see sink_clauses.cdc_upsert; an event without a
-    sequence needs none either: it wins or loses whole in both, ``cdc._fold_partial``)."""
+    sequence needs none either: it wins or loses whole in both, ``cdc._fold_partial``).
+    ``sequence_nulls``: keyed events and truncates whose (first) sequence value is NULL."""
 
     rows: int
     null_keys: int
@@ -30,6 +31,7 @@ class BatchCounts(NamedTuple):
     truncates: list[Any]
     oldest_sequence: Any
     partial_events: int = 0
+    sequence_nulls: int = 0
 
 
 def copy_batch(spec: CdcSpec | None, preparer: BatchPreparer | None, scd_type: int, batch_df: DataFrame,
@@ -70,9 +72,10 @@ def copy_batch(spec: CdcSpec | None, preparer: BatchPreparer | None, scd_type: i
         stats = dataclasses.replace(stats, absent_files=probe.absent_observed(presence))
     observed = prepared.counts.get
     truncates = [v for v in observed.get("truncates") or [] if v is not None]
-    oldest = observed.get("sequenceLo") if not observed.get("sequenceNulls") else None
+    sequence_nulls = int(observed.get("sequenceNulls") or 0)
+    oldest = observed.get("sequenceLo") if not sequence_nulls else None
     partial = int(observed.get("partialEvents") or 0)
     counts = BatchCounts(int(observed["rows"] or 0), int(observed["nullKeys"] or 0), int(observed["deletes"] or 0),
-                         truncates, oldest, partial)
+                         truncates, oldest, partial, sequence_nulls + int(observed.get("truncateNulls") or 0))
     return frame, counts, stats, int(kept.get["rows"] or 0) if kept is not None else None
 

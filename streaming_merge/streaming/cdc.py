@@ -248,7 +248,8 @@ class PreparedBatch:
 
     ``counts`` (over the raw batch): ``rows``, ``nullKeys``, ``deletes``, with ``sequence_by``
     ``sequenceLo`` and ``sequenceNulls`` (the least first sequence value of the events with a
-    key, and how many of them have none). ``stats`` (over
+    key, and how many of them have none), with ``truncate_when`` ``truncates`` (their sequence
+    values) and ``truncateNulls`` (how many have none). ``stats`` (over
     the events kept): ``rows`` and ``lo{i}``/``hi{i}``, the min/max of the i-th key column,
     in the form ``streaming_merge.merge.skipping.source_stats_of`` reads.
     """
@@ -318,7 +319,9 @@ def _plan(spec: CdcSpec, columns: Sequence[str], types: dict[str, str], partitio
     if spec.truncate_when is not None:
         if not spec.sequence_by:
             raise ValueError("apply_as_truncates needs sequence_by: a truncate applies as of its sequence value")
-        observed.append(F.collect_list(F.when(F.col(TRUNCATE_FLAG), spec.sequence())).alias("truncates"))
+        observed += [F.collect_list(F.when(F.col(TRUNCATE_FLAG), spec.sequence())).alias("truncates"),
+                     F.count(F.when(F.col(TRUNCATE_FLAG) & F.col(f"`{spec.sequence_by[0]}`").isNull(), 1))
+                     .alias("truncateNulls")]
     # One projection for the three flags (each DataFrame operation analyses the whole plan again).
     flags = {TRUNCATE_FLAG: is_truncate, NULL_KEY_FLAG: null_key_filter(spec) & ~is_truncate,
              DELETE_FLAG: is_delete & ~is_truncate}

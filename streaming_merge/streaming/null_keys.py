@@ -1,5 +1,6 @@
-"""Rows whose key is NULL cannot be applied to a keyed table: a MergeSink sends them to its
-dead-letter table (with the reason and the record as JSON), or fails the batch naming them."""
+"""Rows a MergeSink cannot apply: those whose key is NULL go to its dead-letter table (with
+the reason and the record as JSON), or fail the batch naming them; events without a sequence
+value fail an SCD type 2 batch."""
 
 from __future__ import annotations
 
@@ -30,3 +31,17 @@ def route_null_keys(spark: SparkSession, spec: CdcSpec | None, dead_letter: Tabl
     append_rows(spark, records, dead_letter, app_id, batch_id)
     return count
 
+
+
+def refuse_unsequenced(spec: CdcSpec | None, scd_type: int, target: str, batch_id: int, count: int) -> None:
+    """SCD type 2 opens and closes every version at an event's sequence value, so an event (or a
+    truncate) without one has no place in the history; dropping it would lose a change without
+    a word. Type 1 orders such an event before every value instead (docs/guides/streaming-sink.md).
+    Raised before anything of the batch is written, the dead-letter table included."""
+    if spec is None or scd_type != 2 or not count:
+        return
+    raise MergeError(
+        f"Batch {batch_id}: {count} event(s) have a NULL sequence_by value ({', '.join(spec.sequence_by)}); "
+        f"stored_as_scd_type=2 starts and ends every version of `{target}` at a sequence value, so they "
+        f"cannot be applied; nothing was written. Give every event a sequence value or filter these "
+        f"events out before the sink.")

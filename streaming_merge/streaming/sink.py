@@ -31,12 +31,7 @@ from streaming_merge.errors import (
 )
 from streaming_merge.merge.command import MergeOptions, merge_conf
 from streaming_merge.merge.key_presence import key_presence_probe
-from streaming_merge.merge.materialize import (
-    DEFAULT_STORAGE_LEVELS,
-    is_lost_block_error,
-    level_for_attempt,
-    release,
-)
+from streaming_merge.merge.materialize import DEFAULT_STORAGE_LEVELS, is_lost_block_error, level_for_attempt, release
 from streaming_merge.merge.metrics import DELTA_METRICS, MergeMetrics
 from streaming_merge.merge.skipping import SourceStats
 from streaming_merge.spark.answers_at_once import ready_driver_thread
@@ -62,7 +57,7 @@ from streaming_merge.streaming.cdc import (
     forget_truncated,
 )
 from streaming_merge.streaming.compaction import AutoCompact, run_auto_compaction
-from streaming_merge.streaming.null_keys import route_null_keys
+from streaming_merge.streaming.null_keys import refuse_unsequenced, route_null_keys
 from streaming_merge.streaming.progress import MergeProgress, ProgressLog, millis_since, now_text
 from streaming_merge.streaming.retries import DEFAULT_CONFLICT_BACKOFF, DEFAULT_MAX_CONFLICT_RETRIES, conflict_backoff
 from streaming_merge.streaming.scd2 import (
@@ -376,7 +371,7 @@ class MergeSink:
             materialize_ms = millis_since(materialize_started)
             if self._phase_hook:
                 self._phase_hook("after_materialize", batch)
-            num_input, null_keys, delete_events, truncate_values, oldest_sequence, partial_events = counts
+            num_input, null_keys, delete_events, truncate_values, oldest_sequence, partial_events, unsequenced = counts
             self._last_input_rows = num_input
             if num_input == 0:
                 self._report(MergeProgress(
@@ -392,6 +387,7 @@ class MergeSink:
                 self._merge_options.interpreted_max_rows))
             source = batch
             if self._spec is not None:
+                refuse_unsequenced(self._spec, self._scd_type, self.target, batch_id, unsequenced)
                 dead_letter_rows = route_null_keys(spark, self._spec, self._dead_letter, self.target, batch,
                                                    batch_id, app_id, null_keys)
                 source = batch.filter(~F.col(NULL_KEY_FLAG)).drop(NULL_KEY_FLAG)
@@ -422,8 +418,8 @@ class MergeSink:
                 if self._spec is not None else []
             if self._scd_type == 2:
                 source, merge_stats = history_source(spark, self._spec, self._columns, self._track, self._tombstones,
-                                                     self.target, source, stats, snapshot, truncates,
-                                                            batch_truncates, tombstone_snapshot, layout)
+                                                     self.target, source, stats, snapshot, truncates, batch_truncates,
+                                                     tombstone_snapshot, layout)
             else:
                 if truncates:
                     assert self._spec is not None  # truncates need keys and a sequence

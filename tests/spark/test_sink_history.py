@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from pyspark.sql import SparkSession
 
 from streaming_merge import MergeSink
-from streaming_merge.errors import MergeAnalysisError
+from streaming_merge.errors import MergeAnalysisError, MergeError
 from tests.history_model import END, START, Scd2Model, full_history, scd1_with_truncates
 from tests.spark.test_sink import frame
 
@@ -132,6 +132,24 @@ def test_scd2_replayed_batch_is_skipped_and_reports_history_metrics(spark: Spark
     assert history(table_path) == before
     assert [(r["id"], r["name"], r[START], r[END]) for r in before] == [
         (1, "a", 1, 3), (1, "b", 3, None), (2, "x", 1, 2)]
+
+
+def test_scd2_refuses_events_without_a_sequence_and_writes_nothing(spark: SparkSession, table_path: str) -> None:
+    """A version starts and ends at sequence values: an upsert or a truncate without one fails
+    its batch, partial updates or not, instead of vanishing; the table and its dead letter keep
+    their version, and the same batch id with the event fixed then applies."""
+    sink = scd2_sink(table_path, ignore_null_updates=True, dead_letter=f"{table_path}_dead")
+    sink(frame(spark, [e(1, 1, "c", "a")]), 0)
+    version = deltalake.DeltaTable(table_path).version()
+    for bad in ([e(None, 2, "u"), {**e(2, 0, "c", "x"), "lsn": None}, e(1, 3, "u", "b")],  # type: ignore[arg-type]
+                [e(1, 3, "u", "b"), {**e(None, 0, "t"), "lsn": None}]):
+        with pytest.raises(MergeError, match=r"Batch 1: 1 event\(s\) have a NULL sequence_by value \(lsn\); "
+                                             r"stored_as_scd_type=2 .* nothing was written"):
+            sink(frame(spark, bad), 1)
+        assert deltalake.DeltaTable(table_path).version() == version
+        assert not deltalake.DeltaTable.is_deltatable(f"{table_path}_dead")
+    sink(frame(spark, [e(1, 3, "u", "b")]), 1)
+    assert [(r["id"], r["name"], r[START], r[END]) for r in history(table_path)] == [(1, "a", 1, 3), (1, "b", 3, None)]
 
 
 def test_scd2_with_several_sequence_columns_keeps_struct_intervals(spark: SparkSession, table_path: str) -> None:
