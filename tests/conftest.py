@@ -24,6 +24,7 @@ import subprocess
 import sys
 import uuid
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -42,27 +43,39 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(getattr(pytest.mark, marker))
 
 
+@dataclass(frozen=True)
+class WarmedArchive:
+    """The driver class archive of the test session's key (``local[2]``), and what the warm-up
+    printed when this session built it (None when it was there already or the build failed)."""
+
+    path: Path
+    build_output: str | None
+
+
 @pytest.fixture(scope="session")
-def driver_class_archive() -> None:
+def driver_class_archive() -> WarmedArchive | None:
     """The driver class archive built before any test's driver starts (see
     tests/streaming_support/class_archive_warmup.py): one JVM life of ~30 s when it is missing,
-    nothing when it is there. A failed build only costs speed: the drivers then start without it."""
+    nothing when it is there. A failed build only costs speed: the drivers then start without it.
+    None where no archive can be built (no JVM to key by, another platform)."""
     from streaming_merge.session import class_archive_path
     from streaming_merge.spark.class_archive import complete
 
     archive = class_archive_path("local[2]")
     if archive is None or complete(archive):
-        return
+        return None if archive is None else WarmedArchive(archive, None)
     result = subprocess.run([sys.executable, "-m", "tests.streaming_support.class_archive_warmup"],
                             cwd=Path(__file__).resolve().parent.parent, capture_output=True, text=True,
                             timeout=900, check=False)
     if result.returncode != 0 or not complete(archive):
         logger.warning("No driver class archive built before the tests (exit %d): %s", result.returncode,
                        result.stderr[-2000:])
+        return WarmedArchive(archive, None)
+    return WarmedArchive(archive, result.stdout)
 
 
 @pytest.fixture(scope="session")
-def spark(driver_class_archive: None) -> Iterator[object]:
+def spark(driver_class_archive: WarmedArchive | None) -> Iterator[object]:
     from streaming_merge.session import local_session
 
     session = local_session("streaming_merge-tests", "local[2]", shuffle_partitions=2)

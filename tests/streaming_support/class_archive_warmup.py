@@ -9,7 +9,8 @@ those subprocesses do (a Delta table with deletion vectors, a MERGE, a read, a `
 stream), so the classes they load are the ones archived.
 
 Run as ``python -m tests.streaming_support.class_archive_warmup``; the archive is written when
-the process exits.
+the process exits. It prints its JVM's archive options (``ARGS [...]``), which
+tests/spark/test_class_archive_session.py reads as a first session's.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import json
 import tempfile
 from pathlib import Path
 
-from pyspark.sql import DataFrame
+from pyspark.sql import DataFrame, SparkSession
 
 from streaming_merge import DeltaTable, MergeSink
 from streaming_merge.session import local_session
@@ -26,6 +27,7 @@ from streaming_merge.session import local_session
 
 def main() -> None:
     spark = local_session("class-archive-warmup", "local[2]", shuffle_partitions=2)
+    print("ARGS", archive_options(spark))
     with tempfile.TemporaryDirectory(prefix="class_archive_warmup_") as folder:
         root = Path(folder)
         table = str(root / "table")
@@ -48,6 +50,12 @@ def main() -> None:
                  .writeStream.foreachBatch(for_each_batch).option("checkpointLocation", str(root / "checkpoint"))
                  .trigger(availableNow=True).start())
         query.awaitTermination()
+
+
+def archive_options(spark: SparkSession) -> list[str]:
+    """The driver JVM's options that name a class archive (to build or to map)."""
+    arguments = spark._jvm.java.lang.management.ManagementFactory.getRuntimeMXBean().getInputArguments()
+    return [str(a) for a in arguments if "Archive" in str(a)]
 
 
 if __name__ == "__main__":
