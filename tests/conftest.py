@@ -62,8 +62,10 @@ def driver_class_archive() -> WarmedArchive | None:
     from streaming_merge.spark.class_archive import complete
 
     archive = class_archive_path("local[2]")
-    if archive is None or complete(archive):
-        return None if archive is None else WarmedArchive(archive, None)
+    if archive is None:
+        return None
+    if complete(archive):
+        return WarmedArchive(archive, None)
     result = subprocess.run([sys.executable, "-m", "tests.streaming_support.class_archive_warmup"],
                             cwd=Path(__file__).resolve().parent.parent, capture_output=True, text=True,
                             timeout=900, check=False)

@@ -320,8 +320,7 @@ def _plan(spec: CdcSpec, columns: Sequence[str], types: dict[str, str], partitio
         if not spec.sequence_by:
             raise ValueError("apply_as_truncates needs sequence_by: a truncate applies as of its sequence value")
         observed += [F.collect_list(F.when(F.col(TRUNCATE_FLAG), spec.sequence())).alias("truncates"),
-                     F.count(F.when(F.col(TRUNCATE_FLAG) & F.col(f"`{spec.sequence_by[0]}`").isNull(), 1))
-                     .alias("truncateNulls")]
+                     F.count(F.when(F.col(TRUNCATE_FLAG) & first.isNull(), 1)).alias("truncateNulls")]
     # One projection for the three flags (each DataFrame operation analyses the whole plan again).
     flags = {TRUNCATE_FLAG: is_truncate, NULL_KEY_FLAG: null_key_filter(spec) & ~is_truncate,
              DELETE_FLAG: is_delete & ~is_truncate}

@@ -32,13 +32,12 @@ def route_null_keys(spark: SparkSession, spec: CdcSpec | None, dead_letter: Tabl
     return count
 
 
-
-def refuse_unsequenced(spec: CdcSpec | None, scd_type: int, target: str, batch_id: int, count: int) -> None:
+def refuse_unsequenced(spec: CdcSpec, scd_type: int, target: str, batch_id: int, count: int) -> None:
     """SCD type 2 opens and closes every version at an event's sequence value, so an event (or a
     truncate) without one has no place in the history; dropping it would lose a change without
     a word. Type 1 orders such an event before every value instead (docs/guides/streaming-sink.md).
     Raised before anything of the batch is written, the dead-letter table included."""
-    if spec is None or scd_type != 2 or not count:
+    if scd_type != 2 or not count:
         return
     raise MergeError(
         f"Batch {batch_id}: {count} event(s) have a NULL sequence_by value ({', '.join(spec.sequence_by)}); "
