@@ -90,7 +90,8 @@ _LOCAL_FS = re.compile(
 def test_the_table_layer_makes_no_local_file_system_call() -> None:
     """Every module of the package but the Kafka client code (no table paths there), the
     session helper and the driver's own process files (the class-data-sharing archive in the
-    user's cache, the start-up marks, the interpreter Spark's Python data source look-up runs, the Ivy cache of the Spark packages).
+    user's cache, the start-up marks, the interpreter Spark's Python data source look-up runs,
+    the Ivy cache of the Spark packages).
     ``location.py`` may spell a local path (abspath/normpath
     are string operations) for a driver-side read without any SparkSession."""
     package = ROOT / "streaming_merge"
