@@ -76,8 +76,12 @@ def driver_class_archive() -> WarmedArchive | None:
 @pytest.fixture(scope="session")
 def spark(driver_class_archive: WarmedArchive | None) -> Iterator[object]:
     from streaming_merge.session import local_session
+    from streaming_merge.spark.packages import package_conf
 
-    session = local_session("streaming_merge-tests", "local[2]", shuffle_partitions=2)
+    # One JVM serves both engines: Spark's Kafka connector and Delta Lake (its SQL extension
+    # and catalog) beside ours, as oracle, second reader and benchmark peer.
+    session = local_session("streaming_merge-tests", "local[2]", shuffle_partitions=2,
+                            extra_conf=package_conf(("kafka", "delta")))
     yield session
     session.stop()
 
