@@ -12,16 +12,23 @@ embedded Tansu broker, which has no SASL_SSL listener."""
 from __future__ import annotations
 
 import os
+import re
+import shutil
+import subprocess
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
 import pytest
 from pyspark.errors import StreamingQueryException
 from pyspark.sql import SparkSession
 
-from devtools.kafka_server import USER, ApacheKafka
+from devtools.kafka_server import STORE_PASSWORD, USER, ApacheKafka
 from streaming_merge.kafka import _clients
+from streaming_merge.kafka._clients import truststore as truststores
+from streaming_merge.kafka._clients.common import translate_options
+from streaming_merge.kafka._clients.truststore import Truststore, resolved
 from streaming_merge.kafka.broker import KafkaBrokerClient
 from streaming_merge.kafka.source import KafkaOptions, KafkaRange, KafkaSourceError, KafkaStreamReader
 from tests.kafka.test_ingest_e2e import change, failure_text, run_available_now, simple_config, simple_state
@@ -69,6 +76,48 @@ def test_every_mechanism_and_truststore_reaches_both_clients(
         reader.stop()
         _clients.clear_consumer_cache()
     assert [(r["offset"], r["key"]) for r in rows] == [(0, b"1"), (1, b"2"), (2, b"1")]
+
+
+@pytest.mark.parametrize("kind", ["JKS", "PKCS12"])
+def test_a_java_truststore_becomes_the_pem_ca_once_per_store_file(apache_kafka: ApacheKafka, kind: str, tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    tls = apache_kafka.tls
+    assert tls is not None
+    store = Path(shutil.copy(tls.truststore_jks if kind == "JKS" else tls.truststore_p12, tmp_path))
+    calls = []
+    real_run = subprocess.run
+
+    def counting_run(*args: Any, **kwargs: Any) -> Any:
+        calls.append(args[0])
+        return real_run(*args, **kwargs)
+
+    monkeypatch.setattr(truststores.subprocess, "run", counting_run)
+    monkeypatch.setattr(truststores, "_CONVERTED", {})
+    monkeypatch.setattr(truststores.tempfile, "gettempdir", lambda: str(tmp_path))
+    given = dict(translate_options("kafka-python", {"ssl.truststore.location": str(store),
+                                                    "ssl.truststore.type": kind,
+                                                    "ssl.truststore.password": STORE_PASSWORD}))
+    pem = Path(resolved(given)["ssl_cafile"])
+    assert pem.read_text().strip() == tls.ca_pem.read_text().strip()
+    assert STORE_PASSWORD not in " ".join(map(str, calls[0])), "the password never goes on a command line"
+    assert resolved(given)["ssl_cafile"] == str(pem) and len(calls) == 1, "converted once"
+    monkeypatch.setattr(truststores, "_CONVERTED", {})  # another worker of the host: the file serves it
+    assert resolved(given)["ssl_cafile"] == str(pem) and len(calls) == 1
+    os.utime(store, ns=(store.stat().st_atime_ns, store.stat().st_mtime_ns + 10_000_000_000))
+    assert resolved(given)["ssl_cafile"] != str(pem) and len(calls) == 2, "a changed store is converted again"
+
+
+def test_a_wrong_truststore_password_or_a_missing_store_names_the_option(apache_kafka: ApacheKafka,
+                                                                        tmp_path: Path) -> None:
+    tls = apache_kafka.tls
+    assert tls is not None
+    cannot_read = re.escape("Option 'kafka.ssl.truststore.location': cannot read JKS store")
+    with pytest.raises(KafkaSourceError, match=cannot_read):
+        Truststore(str(tls.truststore_jks), "JKS", "wrong-password").pem_file()
+    with pytest.raises(KafkaSourceError, match=re.escape("Option 'kafka.ssl.truststore.location': cannot read ")):
+        Truststore(str(tmp_path / "nothing.jks"), "JKS", "x").pem_file()
+    pem = Truststore(certificates=tls.ca_pem.read_text(), type="PEM").pem_file()
+    assert Path(pem).read_text() == tls.ca_pem.read_text()
 
 
 @pytest.mark.parametrize(("source_format", "client", "mechanism", "truststore"), [
