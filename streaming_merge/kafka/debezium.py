@@ -34,21 +34,23 @@ records are both read from that copy (Kafka is read and JSON parsed once per rec
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import pyarrow as pa
 from pyspark.sql import Column, DataFrame, Observation, SparkSession
 from pyspark.sql import functions as F
-from pyspark.sql.types import BinaryType, IntegerType, LongType, StringType, StructField, StructType
+from pyspark.sql.types import LongType, StringType, StructField, StructType
 
 from streaming_merge.kafka.source import KafkaRange
 from streaming_merge.merge.materialize import release, storage_level
 from streaming_merge.spark.jvm import jvm_class
 from streaming_merge.spark.per_context import PerContext
-from streaming_merge.table.append import recorded_now
+from streaming_merge.table.driver_rows import driver_rows
 
 log = logging.getLogger(__name__)
 
@@ -87,9 +89,6 @@ DEAD_LETTER_COLUMNS = ("key", "value", "error", "topic", "partition", "offset", 
 # one is read from Kafka again by its offset, so that a batch of large malformed records does
 # not travel through the driver.
 INLINE_DEAD_LETTER_BYTES = 16 * 1024
-_OBSERVED_SCHEMA = StructType([
-    StructField("key", BinaryType()), StructField("value", BinaryType()), StructField("error", StringType()),
-    StructField("topic", StringType()), StructField("partition", IntegerType()), StructField("offset", LongType())])
 
 _CORRUPT = "__corrupt"
 # PERMISSIVE from_json returns a struct of NULLs (not NULL) for text that is not JSON or
@@ -190,11 +189,17 @@ class ObservedDecode:
                 for (topic, partition), (low, high) in sorted(bounds.items())]
 
     def observed_malformed(self, spark: SparkSession) -> DataFrame:
-        """The malformed records observed in the batch's job (dead-letter columns), as a local
-        relation: no Kafka read and no decode."""
-        rows = [tuple(row) for row in self.observation.get["malformedRows"] or []]
-        frame = spark.createDataFrame(rows, _OBSERVED_SCHEMA)
-        return frame.select(*[F.col(c) for c in DEAD_LETTER_COLUMNS[:-1]], recorded_now().alias("recorded_at"))
+        """The malformed records observed in the batch's job (dead-letter columns), held by the
+        driver: no Kafka read, no decode, and an append writes them without a Spark job."""
+        rows = self.observation.get["malformedRows"] or []
+        columns = list(zip(*rows, strict=True)) if rows else [()] * 6
+        arrow = pa.table([pa.array([None if v is None else bytes(v) for v in columns[0]], pa.binary()),
+                          pa.array([None if v is None else bytes(v) for v in columns[1]], pa.binary()),
+                          pa.array(columns[2], pa.string()), pa.array(columns[3], pa.string()),
+                          pa.array(columns[4], pa.int32()), pa.array(columns[5], pa.int64()),
+                          pa.array([dt.datetime.now(dt.UTC)] * len(rows), pa.timestamp("us", tz="UTC"))],
+                         names=list(DEAD_LETTER_COLUMNS))
+        return driver_rows(spark, arrow)
 
     def malformed(self, records: DataFrame) -> DataFrame:
         """The malformed ones of ``records`` (the ranges of :meth:`malformed_ranges`, read again)
