@@ -156,12 +156,12 @@ def figures(progress: list[dict[str, Any]], limit: int) -> dict[str, Any]:
 
 def live_rows(path: str, stack: str) -> pa.Table:
     """The stack's rows (row columns, by key): without the standard stack's soft deletes."""
-    names = kib._row_arrow_schema().names
-    table = kib._read(path, [*names, "_cdc_op"])
-    if stack == "standard":
-        table = table.filter(pc.not_equal(table["_cdc_op"].cast(pa.string()), "d"))
     arrow = kib._row_arrow_schema()
-    return pa.table([table[n].cast(arrow.field(n).type) for n in names], schema=arrow).sort_by(KEY)
+    read = kib._read(path, [*arrow.names, "_cdc_op"])  # string_view columns: cast before filtering
+    table = pa.table([read[n].cast(arrow.field(n).type) for n in arrow.names], schema=arrow)
+    if stack == "standard":
+        table = table.filter(pc.not_equal(read["_cdc_op"].cast(pa.string()), "d"))
+    return table.sort_by(KEY)
 
 
 # ------------------------------------------------------------------ the streams
