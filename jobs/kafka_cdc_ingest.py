@@ -152,8 +152,12 @@ def batch_function(config: IngestConfig, on_progress: Callable[[dict[str, Any]],
         decode = debezium.decode_observed(records, row_schema, keys=config.keys, truncates=config.apply_truncates)
 
         def malformed() -> DataFrame:  # asked only of a batch that has malformed records
+            observed = decode.observed_malformed(spark)
+            ranges = decode.malformed_ranges()  # records too large to be observed: read again (rare)
+            if not ranges:
+                return observed
             kafka = KafkaOptions.parse(source_options(config, ("subscribe", config.topics), config.bootstrap_servers))
-            return decode.malformed(read_ranges(spark, kafka, decode.malformed_ranges()))
+            return observed.unionByName(decode.malformed(read_ranges(spark, kafka, ranges)))
 
         batch = _BatchWrites(spark, config, batch_id, decode, malformed)
         through_sink(batch, decode.events, config.max_offsets_per_trigger)
@@ -199,8 +203,9 @@ class _BatchWrites:
     hook. Decoded in the sink's copy (``decode``), the counts are known once that copy exists
     (``after_materialize``), before the MERGE: a batch with malformed records then fails with
     nothing committed (``--on-malformed fail``), or its dead-letter append starts beside the
-    MERGE, with those records read from Kafka again (``malformed``: their offset ranges alone,
-    outside the stream's input; a batch without any pays nothing). Decoded into a checkpoint
+    MERGE, with those records as the copy's job observed them (``malformed``: no Kafka read and
+    no decode again; only records over ``debezium.INLINE_DEAD_LETTER_BYTES`` are read again by
+    offset range, outside the stream's input; a batch without any pays nothing). Decoded into a checkpoint
     first (``decode`` None), :meth:`decoded` gives the count before the sink runs. Either way the
     MERGE waits for the append right before it commits (``before_commit``), so the commit that
     records the batch as done comes last."""
