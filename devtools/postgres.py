@@ -14,6 +14,7 @@ runs statements, :meth:`rows` returns a query's rows as JSON values (``json_agg`
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import pwd
@@ -44,7 +45,8 @@ class Postgres:
     """One PostgreSQL cluster in a temporary folder; :meth:`start` / :meth:`stop` (or ``with``)."""
 
     port: int = field(default_factory=free_port)
-    _temp: tempfile.TemporaryDirectory[str] | None = None
+    database: str = DATABASE  # what execute, rows and connect_properties use
+    _temp: tempfile.TemporaryDirectory[str] | None = None  # None: a view of a server started elsewhere
     workdir: Path | None = None
 
     @property
@@ -122,14 +124,15 @@ class Postgres:
             raise PostgresError(f"psql failed (exit {result.returncode}): {result.stderr[-3000:]}")
         return result.stdout
 
-    def execute(self, sql: str, database: str = DATABASE) -> None:
+    def execute(self, sql: str, database: str | None = None) -> None:
         """Run ``sql`` (one or more statements; a script's transactions as written)."""
-        self._psql(database, "-f", "-", stdin=sql)
+        self._psql(database or self.database, "-f", "-", stdin=sql)
 
-    def rows(self, query: str, database: str = DATABASE) -> list[dict[str, Any]]:
+    def rows(self, query: str, database: str | None = None) -> list[dict[str, Any]]:
         """The rows of ``query`` as dicts, values as PostgreSQL's ``json_agg`` renders them
         (numbers exact as :class:`~decimal.Decimal`)."""
-        text = self._psql(database, "-At", "-c", f"SELECT coalesce(json_agg(q), '[]') FROM ({query}) q")
+        text = self._psql(database or self.database, "-At", "-c",
+                          f"SELECT coalesce(json_agg(q), '[]') FROM ({query}) q")
         parsed: list[dict[str, Any]] = json.loads(text, parse_float=Decimal)
         return parsed
 
@@ -137,10 +140,16 @@ class Postgres:
     def connect_properties(self) -> dict[str, str]:
         """Debezium PostgreSQL connector properties that reach this server."""
         return {"database.hostname": "127.0.0.1", "database.port": str(self.port), "database.user": USER,
-                "database.password": "unused", "database.dbname": DATABASE}
+                "database.password": "unused", "database.dbname": self.database}
+
+    def new_database(self, name: str) -> Postgres:
+        """A new database on this server, and a view of the server that uses it (stopping
+        the view stops nothing)."""
+        self.execute(f"CREATE DATABASE {name}", database="postgres")
+        return dataclasses.replace(self, database=name, _temp=None)
 
     def stop(self) -> None:
-        if self.workdir is not None and (self.data / "postmaster.pid").exists():
+        if self._temp is not None and (self.data / "postmaster.pid").exists():
             with contextlib.suppress(PostgresError):
                 self._run([str(BIN / "pg_ctl"), "-D", str(self.data), "-m", "immediate", "-w", "stop"], "pg_ctl stop")
         if self._temp is not None:
