@@ -53,12 +53,12 @@ GOOD: list[tuple[int, int, bytes | None, bytes | None, tuple[Any, ...] | None]] 
     (0, 1, b"1", envelope("u", before={"id": 1, "v": "a"}, after={"id": 1, "v": "b"}, source={"lsn": 12},
                           ts_ms=1001, wrapped=True),
      (1, "b", "u", 12, 1001, 0, 1)),
-    # no lsn: source.ts_ms is the position
+    # no lsn (not PostgreSQL's): no position, never a clock; the Kafka offset orders the key's events
     (0, 2, b"2", envelope("d", before={"id": 2, "v": "x"}, source={"ts_ms": 500}, ts_ms=1002),
-     (2, "x", "d", 500, 1002, 0, 2)),
+     (2, "x", "d", None, 1002, 0, 2)),
     (0, 3, b"2", None, None),  # the tombstone after a delete: skipped, not malformed
-    # no source: the envelope's ts_ms is the position
-    (1, 0, b"3", envelope("r", after={"id": 3, "v": None}, ts_ms=777, wrapped=True), (3, None, "r", 777, 777, 1, 0)),
+    # no source: no position either (ts_ms kept beside)
+    (1, 0, b"3", envelope("r", after={"id": 3, "v": None}, ts_ms=777, wrapped=True), (3, None, "r", None, 777, 1, 0)),
     (1, 1, b"4", envelope("c", after={"id": 4, "v": "n"}), (4, "n", "c", None, None, 1, 1)),
     # Records the one typed parse rejects but the step-by-step reading accepts, as it always
     # did: a mistyped image that the op does not use, a payload sent as a JSON string, junk
@@ -91,6 +91,8 @@ MALFORMED: list[tuple[int, bytes | None, bytes, str]] = [
     (11, b"bad-11", b'{"op": "c", "after": {"id": 1.5}}', debezium.IMAGE_MISMATCH),
     (12, b"bad-12", b'{"op": "c", "after": {"v": "orphan"}}', "row image has NULL in key column(s) id"),
     (13, b"bad-13", b'{"op": "c", "after": {}}', "row image has NULL in key column(s) id"),
+    (14, b"bad-14", b'{"op": "c", "after": {"id": 9}, "source": {"connector": "postgresql", "ts_ms": 9}}',
+     debezium.NO_POSITION),
 ]
 
 
