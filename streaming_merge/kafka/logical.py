@@ -25,7 +25,9 @@ column takes base64 bytes (or the variable-scale object), a ``date`` days, a ``t
 µs, a ``timestamp`` an ISO text (or µs), a ``bigint`` as it comes. The envelope's schema, when
 present, names the encoding exactly (field metadata ``LOGICAL``), e.g. the milliseconds of a
 ``timestamp(3)``. A value that does not convert (bad base64, a decimal that overflows the
-column) makes the record's image mismatch the table: a dead letter, never a NULL."""
+column, or has more fractional digits than its scale, e.g. a ``numeric`` without precision
+whose value has 19 into ``decimal(38, 18)``) makes the record's image mismatch the table: a
+dead letter, never a NULL and never rounded."""
 
 from __future__ import annotations
 
@@ -154,7 +156,8 @@ def _decimal(wire: Column, data_type: DecimalType, logical: str | None, scale: i
         F.lit(data_type.scale if scale is None else scale))
     unscaled = _signed_big_endian(F.try_to_binary(raw, F.lit("base64")))
     text = F.concat(unscaled, F.lit("E"), (-digits_scale).cast("string"))
-    return text.try_cast(data_type)
+    # a cast to fewer fractional digits would round: such a value does not fit (NULL: a mismatch)
+    return F.when(digits_scale <= data_type.scale, text.try_cast(data_type))
 
 
 def _signed_big_endian(data: Column) -> Column:

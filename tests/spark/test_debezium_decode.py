@@ -10,9 +10,11 @@ bytes kept) is cheapest to pin down on one small static batch.
 
 from __future__ import annotations
 
+import base64
 import json
 import threading
 import uuid
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
@@ -20,10 +22,11 @@ import deltalake
 import pytest
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
-from pyspark.sql.types import LongType, StringType, StructField, StructType
+from pyspark.sql.types import DecimalType, LongType, StringType, StructField, StructType
 
 import jobs.kafka_cdc_ingest as job
 from streaming_merge.kafka import debezium
+from streaming_merge.kafka.logical import DECIMAL, LOGICAL, SCALE, VARIABLE_DECIMAL, VARIABLE_DECIMAL_TYPE
 from streaming_merge.kafka.source import SCHEMA
 from streaming_merge.merge.materialize import checkpoint_rdd_id
 from streaming_merge.spark.profile import profiling
@@ -288,5 +291,39 @@ def test_the_decode_plan_is_built_once_per_schema_and_options(spark: SparkSessio
     decoded = debezium.decode_batch(kafka_records(spark), ROW_SCHEMA, keys=["id"])
     try:
         assert [tuple(r) for r in decoded.events.collect()] == expected_events()
+    finally:
+        decoded.release()
+
+
+def _unscaled(value: int) -> str:
+    """Debezium's base64 of an unscaled decimal: big-endian two's complement, shortest form."""
+    return base64.b64encode(value.to_bytes((value + (value < 0)).bit_length() // 8 + 1, "big", signed=True)).decode()
+
+
+def test_decimals_decode_exactly_and_what_does_not_fit_is_a_dead_letter_not_rounded(spark: SparkSession) -> None:
+    """Connect's Decimal (the column's scale) and Debezium's VariableScaleDecimal (PostgreSQL's
+    ``numeric`` without precision, its own scale) into decimal(12, 3) and decimal(38, 18)."""
+    row_schema = StructType([
+        StructField("id", LongType()),
+        StructField("price", DecimalType(12, 3), True, {LOGICAL: DECIMAL, SCALE: 3}),
+        StructField("qty", VARIABLE_DECIMAL_TYPE, True, {LOGICAL: VARIABLE_DECIMAL})])
+
+    def record(i: int, price: int | None, qty: tuple[int, int] | None) -> tuple[Any, ...]:
+        after = {"id": i, "price": None if price is None else _unscaled(price),
+                 "qty": None if qty is None else {"scale": qty[0], "value": _unscaled(qty[1])}}
+        value = envelope("c", after=after, source={"lsn": i, "connector": "postgresql"})
+        return (str(i).encode(), value, TOPIC, 0, i, None, 0, [])
+    big = -(10**37) - 1  # 16 bytes, 38 digits: 20 before the point and 18 after
+    rows = [record(1, 12345, (2, -12345)), record(2, -1, (18, big)), record(3, 999999999999, (10, 1)),
+            record(4, None, None), record(5, 1, (19, 10**19 + 1)),  # 19 fractional digits: would round
+            record(6, 1, (0, 10**20)), record(7, 10**12, None)]  # 21 and 10 integer digits: overflow
+    decoded = debezium.decode_batch(spark.createDataFrame(rows, SCHEMA), row_schema, keys=["id"])
+    try:
+        events = {r["id"]: (r["price"], r["qty"]) for r in decoded.events.collect()}
+        assert events == {1: (Decimal("12.345"), Decimal("-123.45")),
+                          2: (Decimal("-0.001"), Decimal("-10000000000000000000.000000000000000001")),
+                          3: (Decimal("999999999.999"), Decimal("1E-10")), 4: (None, None)}, events
+        malformed = {r["offset"]: r["error"] for r in decoded.malformed.collect()}
+        assert malformed == {5: debezium.IMAGE_MISMATCH, 6: debezium.IMAGE_MISMATCH, 7: debezium.IMAGE_MISMATCH}
     finally:
         decoded.release()
