@@ -175,6 +175,9 @@ def plan_topic(topic: str, variants: Sequence[Variant], router: TopicRouter, key
             rejected[v] = "; ".join(reasons)
         else:
             row_schema = evolve(row_schema, v.row_schema)
+    if row_schema is not None:
+        row_schema = _with_encodings(row_schema, [v.row_schema for v in by_recency
+                                                  if v.row_schema is not None and v not in rejected])
     new_columns: tuple[StructField, ...] = ()
     if table_schema is not None and row_schema is not None:
         known = {f.name.lower() for f in table_schema.fields}
@@ -182,6 +185,19 @@ def plan_topic(topic: str, variants: Sequence[Variant], router: TopicRouter, key
     plan = dataclasses.replace(plan, keys=tuple(keys), row_schema=row_schema, new_columns=new_columns,
                                rejected=rejected)
     return plan if row_schema is None else checked_keys(plan)
+
+
+def _with_encodings(row_schema: StructType, newest_first: Sequence[StructType]) -> StructType:
+    """The row schema with each column's wire encoding (``logical.LOGICAL`` metadata) from the
+    newest Debezium schema that has the column with the same type: a table's schema does not
+    say whether its timestamp_ntz came as ms or µs, the record's schema does."""
+    def annotated(field: StructField) -> StructField:
+        for schema in newest_first:
+            match = next((f for f in schema.fields if f.name.lower() == field.name.lower()), None)
+            if match is not None and match.dataType == field.dataType:
+                return StructField(field.name, field.dataType, field.nullable, match.metadata)
+        return field
+    return StructType([annotated(f) for f in row_schema.fields])
 
 
 def checked_keys(plan: TopicPlan) -> TopicPlan:

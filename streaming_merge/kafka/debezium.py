@@ -8,10 +8,18 @@ reason by default; with ``truncates=True`` they come through as events without a
 which truncates the table as of their position. Kafka tombstones (NULL value, emitted after
 deletes for log compaction) are skipped.
 
-Every decoded row carries ``_cdc_op``, ``_cdc_position`` (``source.lsn``, else
-``source.ts_ms``, else the envelope's ``ts_ms``), ``_cdc_ts_ms`` and the Kafka
+Every decoded row carries ``_cdc_op``, ``_cdc_position``, ``_cdc_ts_ms`` and the Kafka
 coordinates; ``SEQUENCE_COLUMNS`` orders the events of one key (position, then Kafka
-partition and offset as tie-breakers). Anything that cannot be decoded comes back in the
+partition and offset as tie-breakers). The position is Debezium's source position of the
+change, PostgreSQL's ``source.lsn``: never a wall-clock time (``_cdc_ts_ms``, the envelope's
+``ts_ms``, is kept beside it but orders nothing). A PostgreSQL event without ``source.lsn``
+is malformed (``NO_POSITION``). Envelopes of other connectors (MySQL's position is
+``source.file``/``pos``/``row``) have a NULL position, and the Kafka offset orders a key's
+events: Debezium writes one key to one partition in the source's order.
+
+Logical types (``streaming_merge.kafka.logical``): the row image is parsed as the JSON carries
+it and converted to the row schema's Spark types (a decimal from base64 bytes, a date from
+days, a timestamp from µs or an ISO text...), in Spark SQL. Anything that cannot be decoded comes back in the
 second frame with the raw bytes and the reason, never dropped.
 
 How a record is parsed, and why. JSON parsing is the cost of ingestion (one untyped parse
@@ -46,6 +54,7 @@ from pyspark.sql import Column, DataFrame, Observation, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import LongType, StringType, StructField, StructType
 
+from streaming_merge.kafka import logical
 from streaming_merge.kafka.source import KafkaRange
 from streaming_merge.merge.materialize import release, storage_level
 from streaming_merge.spark.jvm import jvm_class
@@ -96,8 +105,8 @@ _CORRUPT = "__corrupt"
 _PARSE = {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": _CORRUPT}
 _WRAPPER = "struct<schema: string, payload: string>"
 _ENVELOPE = ("struct<before: string, after: string, op: string, ts_ms: long, "
-             f"source: struct<lsn: long, ts_ms: long>, {_CORRUPT}: string>")
-_SOURCE = StructType([StructField("lsn", LongType()), StructField("ts_ms", LongType())])
+             f"source: struct<lsn: long, connector: string>, {_CORRUPT}: string>")
+_SOURCE = StructType([StructField("lsn", LongType()), StructField("connector", StringType())])
 
 # Columns of the staged (decoded, materialized) frame. Prefixed so that no row column
 # (a table may well have columns named key, value or offset) can collide with them.
@@ -106,11 +115,13 @@ _TOMBSTONE, _ERROR, _IMAGE = "__dbz_tombstone", "__dbz_error", "__dbz_image"
 _FAST, _SLOW_TEXT, _SLOW_ENV, _SLOW_IMAGE_JSON, _SLOW_IMAGE = (
     "__dbz_fast", "__dbz_slow_text", "__dbz_slow_env", "__dbz_slow_image_json", "__dbz_slow_image")
 _ENV_BAD, _IMAGE_MISSING, _IMAGE_BAD = "__dbz_env_bad", "__dbz_image_missing", "__dbz_image_bad"
+_NO_POSITION, _WIRE = "__dbz_no_position", "__dbz_wire_image"
 
 NOT_AN_ENVELOPE = "value is not a JSON Debezium envelope"
 NO_OP = "envelope has no 'op' field"
 TRUNCATE = "truncate event: not applied (apply truncates with --apply-truncates / decode(truncates=True))"
 IMAGE_MISMATCH = "row image does not match the table schema"
+NO_POSITION = "PostgreSQL change event without its source position (source.lsn)"
 
 
 @dataclass(frozen=True)
@@ -326,7 +337,9 @@ def _stage(row_schema: StructType, keys: Sequence[str], truncates: bool = False)
     Each parse is its own projected column and later steps refer to it by name, so Spark
     does not copy a ``from_json`` into every expression that uses its result (it keeps a
     projection of a costly expression instead of inlining it where it is used twice)."""
-    image_type = StructType([StructField(f.name, f.dataType, True, f.metadata) for f in row_schema.fields])
+    # The image is parsed as Debezium's JSON carries it (base64 decimals, epoch days...), then
+    # converted to the row schema's types (streaming_merge.kafka.logical).
+    image_type = StructType([StructField(f.name, logical.wire_type(f), True) for f in row_schema.fields])
     envelope_fields = _typed_envelope(image_type)
     typed = StructType([StructField("payload", StructType(envelope_fields)), *envelope_fields,
                         StructField(_CORRUPT, StringType())])
@@ -365,8 +378,10 @@ def _stage(row_schema: StructType, keys: Sequence[str], truncates: bool = False)
     normalized = [
         *coordinates,
         F.when(fast_ok, fast_op).otherwise(env.getField("op")).alias(OP),
-        F.when(fast_ok, fast_image).otherwise(slow_image.dropFields(_CORRUPT)).alias(_IMAGE),
-        F.coalesce(source.getField("lsn"), source.getField("ts_ms"), ts_ms).alias(POSITION),
+        F.when(fast_ok, fast_image).otherwise(slow_image.dropFields(_CORRUPT)).alias(_WIRE),
+        # Debezium's own position of the change (PostgreSQL's LSN), never a wall-clock time
+        source.getField("lsn").alias(POSITION),
+        ((source.getField("connector") == "postgresql") & source.getField("lsn").isNull()).alias(_NO_POSITION),
         ts_ms.alias(TS_MS),
         # A clean typed parse has a well-formed envelope and a well-typed image by
         # construction; only records read step by step can fail those two checks.
@@ -374,6 +389,7 @@ def _stage(row_schema: StructType, keys: Sequence[str], truncates: bool = False)
         F.when(fast_ok, fast_image.isNull()).otherwise(F.col(_SLOW_IMAGE_JSON).isNull()).alias(_IMAGE_MISSING),
         (~fast_ok & (slow_image.isNull() | slow_image.getField(_CORRUPT).isNotNull())).alias(_IMAGE_BAD),
     ]
+    converted = _converted(row_schema)
     classified = [*coordinates, *[F.col(c) for c in (_IMAGE, OP, POSITION, TS_MS)],
                   F.when(~F.col(_TOMBSTONE), _error(F.col(OP), F.col(_IMAGE), keys, truncates)).alias(_ERROR)]
     # Only dead letters need the raw bytes: the copy of a change event does not keep them.
@@ -388,10 +404,31 @@ def _stage(row_schema: StructType, keys: Sequence[str], truncates: bool = False)
                 .select(everything, slow_image_json)
                 .select(everything, slow)
                 .select(*normalized)
+                .select(*converted)
                 .select(*classified)
                 .select(*result))
 
     return stage
+
+
+def _converted(row_schema: StructType) -> list[Column]:
+    """The wire image converted to the row schema's types; a value that does not convert
+    makes the image mismatch (a dead letter), as a mistyped JSON value does."""
+    fields = [f for f in row_schema.fields if logical.needs_conversion(f.dataType)]
+    keep = [F.col(c) for c in (_KEY, _VALUE, _TOPIC, _PARTITION, _OFFSET, _TOMBSTONE, OP, POSITION, TS_MS,
+                               _ENV_BAD, _IMAGE_MISSING, _NO_POSITION)]
+    if not fields:
+        return [*keep, F.col(_WIRE).alias(_IMAGE), F.col(_IMAGE_BAD)]
+    wire = F.col(_WIRE)
+    converting = {f.name for f in fields}
+    values = {f.name: logical.from_wire(wire.getField(f.name), f) for f in fields}
+    image = F.struct(*[(values[f.name] if f.name in converting else wire.getField(f.name)).alias(f.name)
+                       for f in row_schema.fields])
+    failed = F.lit(False)
+    for f in fields:
+        failed = failed | (wire.getField(f.name).isNotNull() & values[f.name].isNull())
+    return [*keep, F.when(wire.isNotNull(), image).alias(_IMAGE),
+            (F.col(_IMAGE_BAD) | F.coalesce(wire.isNotNull() & failed, F.lit(False))).alias(_IMAGE_BAD)]
 
 
 def _error(op: Column, image: Column, keys: Sequence[str], truncates: bool = False) -> Column:
@@ -409,6 +446,7 @@ def _error(op: Column, image: Column, keys: Sequence[str], truncates: bool = Fal
         .when(F.col(_IMAGE_MISSING),
               F.concat(F.lit("op '"), op, F.lit("' without a row image ('after' for c/r/u, 'before' for d)")))
         .when(F.col(_IMAGE_BAD), F.lit(IMAGE_MISMATCH))
+        .when(F.col(_NO_POSITION), F.lit(NO_POSITION))
         .when(null_key, F.lit(f"row image has NULL in key column(s) {', '.join(keys)}"))
     )
 

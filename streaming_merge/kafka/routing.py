@@ -21,11 +21,9 @@ without a primary key, or a plain string key) has none.
 
 Types. :func:`connect_row_schema` maps the envelope schema's ``after`` (else ``before``)
 struct: int8/16/32/64 → byte/short/int/long, float32/64 → float/double, boolean, string,
-bytes → binary, array, map, struct. Logical types keep their physical type, exactly what
-the JSON carries (``io.debezium.time.Date`` = days since the epoch as int,
-``io.debezium.time.Timestamp`` = epoch milliseconds as long, ``ZonedTimestamp`` a string,
-``org.apache.kafka.connect.data.Decimal`` the base64 of its unscaled bytes: use Debezium's
-``decimal.handling.mode=string`` or ``double`` for readable decimals).
+bytes → binary, array, map, struct. Debezium's logical types become their Spark types
+(decimal, date, timestamp_ntz, timestamp, time as µs), decoded from their wire encoding by
+``streaming_merge.kafka.logical`` (its table lists them).
 """
 
 from __future__ import annotations
@@ -52,11 +50,11 @@ from pyspark.sql.types import (
     MapType,
     ShortType,
     StringType,
-    StructField,
     StructType,
 )
 
 from streaming_merge.errors import StreamingMergeError
+from streaming_merge.kafka.logical import logical_field
 
 __all__ = [
     "DEBEZIUM_TOPIC_REGEX",
@@ -165,14 +163,15 @@ _PRIMITIVES: dict[str, DataType] = {
 
 
 def connect_type(schema: Mapping[str, Any]) -> DataType:
-    """Spark type of one Kafka Connect field schema (logical types: their physical type)."""
+    """Spark type of one Kafka Connect field schema; a struct's fields of Debezium's logical
+    types get their Spark type and the logical name in their metadata (``logical.LOGICAL``)."""
     kind = schema.get("type")
     if kind in _PRIMITIVES:
         return _PRIMITIVES[kind]
     if kind == "struct":
-        return StructType([StructField(f["field"], connect_type(f), True) for f in schema.get("fields") or []])
+        return StructType([logical_field(f["field"], f, connect_type(f)) for f in schema.get("fields") or []])
     if kind == "array":
-        return ArrayType(connect_type(schema["items"]), True)
+        return ArrayType(logical_field("item", schema["items"], connect_type(schema["items"])).dataType, True)
     if kind == "map":
         return MapType(connect_type(schema["keys"]), connect_type(schema["values"]), True)
     raise ValueError(f"unknown Kafka Connect type {kind!r} in {dict(schema)}")

@@ -10,9 +10,11 @@ bytes kept) is cheapest to pin down on one small static batch.
 
 from __future__ import annotations
 
+import base64
 import json
 import threading
 import uuid
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
@@ -20,10 +22,11 @@ import deltalake
 import pytest
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
-from pyspark.sql.types import LongType, StringType, StructField, StructType
+from pyspark.sql.types import DecimalType, LongType, StringType, StructField, StructType
 
 import jobs.kafka_cdc_ingest as job
 from streaming_merge.kafka import debezium
+from streaming_merge.kafka.logical import DECIMAL, LOGICAL, SCALE, VARIABLE_DECIMAL, VARIABLE_DECIMAL_TYPE
 from streaming_merge.kafka.source import SCHEMA
 from streaming_merge.merge.materialize import checkpoint_rdd_id
 from streaming_merge.spark.profile import profiling
@@ -53,12 +56,12 @@ GOOD: list[tuple[int, int, bytes | None, bytes | None, tuple[Any, ...] | None]] 
     (0, 1, b"1", envelope("u", before={"id": 1, "v": "a"}, after={"id": 1, "v": "b"}, source={"lsn": 12},
                           ts_ms=1001, wrapped=True),
      (1, "b", "u", 12, 1001, 0, 1)),
-    # no lsn: source.ts_ms is the position
+    # no lsn (not PostgreSQL's): no position, never a clock; the Kafka offset orders the key's events
     (0, 2, b"2", envelope("d", before={"id": 2, "v": "x"}, source={"ts_ms": 500}, ts_ms=1002),
-     (2, "x", "d", 500, 1002, 0, 2)),
+     (2, "x", "d", None, 1002, 0, 2)),
     (0, 3, b"2", None, None),  # the tombstone after a delete: skipped, not malformed
-    # no source: the envelope's ts_ms is the position
-    (1, 0, b"3", envelope("r", after={"id": 3, "v": None}, ts_ms=777, wrapped=True), (3, None, "r", 777, 777, 1, 0)),
+    # no source: no position either (ts_ms kept beside)
+    (1, 0, b"3", envelope("r", after={"id": 3, "v": None}, ts_ms=777, wrapped=True), (3, None, "r", None, 777, 1, 0)),
     (1, 1, b"4", envelope("c", after={"id": 4, "v": "n"}), (4, "n", "c", None, None, 1, 1)),
     # Records the one typed parse rejects but the step-by-step reading accepts, as it always
     # did: a mistyped image that the op does not use, a payload sent as a JSON string, junk
@@ -91,6 +94,8 @@ MALFORMED: list[tuple[int, bytes | None, bytes, str]] = [
     (11, b"bad-11", b'{"op": "c", "after": {"id": 1.5}}', debezium.IMAGE_MISMATCH),
     (12, b"bad-12", b'{"op": "c", "after": {"v": "orphan"}}', "row image has NULL in key column(s) id"),
     (13, b"bad-13", b'{"op": "c", "after": {}}', "row image has NULL in key column(s) id"),
+    (14, b"bad-14", b'{"op": "c", "after": {"id": 9}, "source": {"connector": "postgresql", "ts_ms": 9}}',
+     debezium.NO_POSITION),
 ]
 
 
@@ -286,5 +291,39 @@ def test_the_decode_plan_is_built_once_per_schema_and_options(spark: SparkSessio
     decoded = debezium.decode_batch(kafka_records(spark), ROW_SCHEMA, keys=["id"])
     try:
         assert [tuple(r) for r in decoded.events.collect()] == expected_events()
+    finally:
+        decoded.release()
+
+
+def _unscaled(value: int) -> str:
+    """Debezium's base64 of an unscaled decimal: big-endian two's complement, shortest form."""
+    return base64.b64encode(value.to_bytes((value + (value < 0)).bit_length() // 8 + 1, "big", signed=True)).decode()
+
+
+def test_decimals_decode_exactly_and_what_does_not_fit_is_a_dead_letter_not_rounded(spark: SparkSession) -> None:
+    """Connect's Decimal (the column's scale) and Debezium's VariableScaleDecimal (PostgreSQL's
+    ``numeric`` without precision, its own scale) into decimal(12, 3) and decimal(38, 18)."""
+    row_schema = StructType([
+        StructField("id", LongType()),
+        StructField("price", DecimalType(12, 3), True, {LOGICAL: DECIMAL, SCALE: 3}),
+        StructField("qty", VARIABLE_DECIMAL_TYPE, True, {LOGICAL: VARIABLE_DECIMAL})])
+
+    def record(i: int, price: int | None, qty: tuple[int, int] | None) -> tuple[Any, ...]:
+        after = {"id": i, "price": None if price is None else _unscaled(price),
+                 "qty": None if qty is None else {"scale": qty[0], "value": _unscaled(qty[1])}}
+        value = envelope("c", after=after, source={"lsn": i, "connector": "postgresql"})
+        return (str(i).encode(), value, TOPIC, 0, i, None, 0, [])
+    big = -(10**37) - 1  # 16 bytes, 38 digits: 20 before the point and 18 after
+    rows = [record(1, 12345, (2, -12345)), record(2, -1, (18, big)), record(3, 999999999999, (10, 1)),
+            record(4, None, None), record(5, 1, (19, 10**19 + 1)),  # 19 fractional digits: would round
+            record(6, 1, (0, 10**20)), record(7, 10**12, None)]  # 21 and 10 integer digits: overflow
+    decoded = debezium.decode_batch(spark.createDataFrame(rows, SCHEMA), row_schema, keys=["id"])
+    try:
+        events = {r["id"]: (r["price"], r["qty"]) for r in decoded.events.collect()}
+        assert events == {1: (Decimal("12.345"), Decimal("-123.45")),
+                          2: (Decimal("-0.001"), Decimal("-10000000000000000000.000000000000000001")),
+                          3: (Decimal("999999999.999"), Decimal("1E-10")), 4: (None, None)}, events
+        malformed = {r["offset"]: r["error"] for r in decoded.malformed.collect()}
+        assert malformed == {5: debezium.IMAGE_MISMATCH, 6: debezium.IMAGE_MISMATCH, 7: debezium.IMAGE_MISMATCH}
     finally:
         decoded.release()

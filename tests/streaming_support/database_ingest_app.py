@@ -1,7 +1,8 @@
 """The multi-table Kafka CDC job (``--subscribe-pattern``) in a subprocess, for the
-exactly-once kill test of tests/kafka/test_database_e2e.py.
+exactly-once kill tests of tests/kafka/test_database_e2e.py and test_debezium_e2e.py.
 
-Runs ``jobs._database.start_database(...)`` with ``availableNow`` as the job's CLI does, and
+Runs ``jobs._database.start_database(...)`` with ``availableNow`` as the job's CLI does (or
+with ``--processing-time``, until it is killed), and
 appends one JSON line per event to ``--progress``:
 
 - ``{"event": "table", ...}``: a table's MergeSink progress of a batch, right after its
@@ -46,6 +47,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--progress", required=True)
     parser.add_argument("--source-format", default="kafka_py", help="kafka_py, or kafka: Spark's connector")
     parser.add_argument("--kill-at", default=None, help="BATCH:TABLES")
+    parser.add_argument("--table-path-template", default=None)
+    parser.add_argument("--apply-truncates", action="store_true")
+    parser.add_argument("--processing-time", default=None, help="run until killed, a batch this often "
+                        "(default: availableNow, up to the offsets at the start)")
     args = parser.parse_args(argv)
     kill_batch, kill_tables = (int(x) for x in args.kill_at.split(":")) if args.kill_at else (-1, -1)
     logging.basicConfig(level=logging.WARNING)
@@ -68,9 +73,11 @@ def main(argv: list[str] | None = None) -> int:
     spark = local_session("database-ingest-app", "local[2]", shuffle_partitions=2, short_run=True, extra_conf=conf)
     config = DatabaseConfig(
         bootstrap_servers=args.bootstrap_servers, subscribe_pattern=args.subscribe_pattern,
-        target_root=args.target_root, checkpoint=args.checkpoint, dead_letter=args.dead_letter, available_now=True,
+        target_root=args.target_root, checkpoint=args.checkpoint, dead_letter=args.dead_letter,
+        available_now=args.processing_time is None, processing_time=args.processing_time,
         max_offsets_per_trigger=args.max_offsets_per_trigger, starting_offsets="earliest",
-        source_format=args.source_format)
+        source_format=args.source_format, apply_truncates=args.apply_truncates,
+        **({"table_path_template": args.table_path_template} if args.table_path_template else {}))
     query = start_database(spark, config, on_progress=on_batch, on_table_progress=on_table)
     query.awaitTermination()
     spark.stop()

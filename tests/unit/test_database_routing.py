@@ -20,6 +20,7 @@ from pyspark.sql.types import (
     BinaryType,
     BooleanType,
     ByteType,
+    DateType,
     DoubleType,
     FloatType,
     IntegerType,
@@ -29,10 +30,12 @@ from pyspark.sql.types import (
     StringType,
     StructField,
     StructType,
+    TimestampNTZType,
 )
 
 from jobs._database import DatabaseConfig, Variant, plan_topic
 from jobs.kafka_cdc_ingest import IngestConfig, parse_args
+from streaming_merge.kafka.logical import LOGICAL
 from streaming_merge.kafka.routing import (
     TopicRouter,
     UnroutableTopicError,
@@ -115,7 +118,7 @@ def test_connect_row_schema_maps_debezium_types() -> None:
     envelope["fields"][0]["fields"] += [
         {"type": "array", "items": {"type": "string"}, "field": "tags"},
         {"type": "map", "keys": {"type": "string"}, "values": {"type": "int64"}, "field": "counts"},
-        {"type": "int32", "name": "io.debezium.time.Date", "field": "born"},  # logical: physical type
+        {"type": "int32", "name": "io.debezium.time.Date", "field": "born"},  # logical: its Spark type
         {"type": "struct", "fields": [{"type": "bytes", "field": "wkb"}, {"type": "int32", "field": "srid"}],
          "field": "geo"}]
     assert connect_row_schema(json.dumps(envelope)) == StructType([
@@ -123,8 +126,9 @@ def test_connect_row_schema_maps_debezium_types() -> None:
             ("id", IntegerType()), ("small", ShortType()), ("tiny", ByteType()), ("big", LongType()),
             ("f", FloatType()), ("d", DoubleType()), ("ok", BooleanType()),
             ("s", StringType()), ("raw", BinaryType()), ("tags", ArrayType(StringType())),
-            ("counts", MapType(StringType(), LongType())), ("born", IntegerType()),
-            ("geo", StructType([StructField("wkb", BinaryType()), StructField("srid", IntegerType())]))]])
+            ("counts", MapType(StringType(), LongType()))]] + [
+        StructField("born", DateType(), True, {LOGICAL: "io.debezium.time.Date"}),  # the encoding kept
+        StructField("geo", StructType([StructField("wkb", BinaryType()), StructField("srid", IntegerType())]))])
     # a delete-only schema has 'before'; a wrapper that is not an envelope schema has no row schema
     assert connect_row_schema(connect_envelope([("id", "int64")], image="before")) == \
         StructType([StructField("id", LongType())])
@@ -199,6 +203,23 @@ def test_plan_evolves_the_schema_and_rejects_variants_that_do_not_fit() -> None:
     assert fresh.row_schema == v2.row_schema and fresh.new_columns == ()
     plain = plan_topic("db.s.t", [variant(("id",))], TopicRouter.of("/lake"), [], None)
     assert plain.row_schema is None, "plain envelopes of a new table: the job infers the schema"
+
+
+def test_plan_takes_each_columns_wire_encoding_from_the_newest_debezium_schema() -> None:
+    """A table's timestamp_ntz does not say whether it came as ms or µs: the record's schema does."""
+    def ts(logical: str) -> StructField:
+        return StructField("seen", TimestampNTZType(), True, {LOGICAL: logical})
+    table = StructType([StructField("id", LongType()), StructField("seen", TimestampNTZType())])
+    old = variant(("id",), 1, offset=1, row=StructType([StructField("id", LongType()),
+                                                        ts("io.debezium.time.MicroTimestamp")]))
+    new = variant(("id",), 2, offset=5, row=StructType([StructField("id", LongType()),
+                                                        ts("io.debezium.time.Timestamp")]))
+    plan = plan_topic("db.s.t", [old, new], TopicRouter.of("/lake"), [], table)
+    assert plan.row_schema is not None and plan.row_schema["seen"].metadata == {LOGICAL: "io.debezium.time.Timestamp"}
+    other = variant(("id",), 3, row=StructType([StructField("id", LongType()), StructField("seen", LongType())]))
+    mismatched = plan_topic("db.s.t", [other], TopicRouter.of("/lake"), [], table)
+    assert mismatched.row_schema is not None and mismatched.row_schema["seen"].metadata == {}, \
+        "a rejected variant lends no encoding"
 
 
 def test_plan_of_an_unroutable_topic() -> None:
