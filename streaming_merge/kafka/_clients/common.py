@@ -12,7 +12,8 @@ from typing import Any
 
 import pyarrow as pa
 
-from streaming_merge.errors import StreamingMergeError
+from streaming_merge.kafka._clients.errors import KafkaSourceError
+from streaming_merge.kafka._clients.truststore import parse_truststore
 
 log = logging.getLogger("streaming_merge.kafka.source")
 
@@ -46,11 +47,6 @@ EXECUTOR_FETCH_WAIT_MS = 50
 CACHE_CAPACITY = 64
 CACHE_IDLE_TIMEOUT_S = 300.0
 STATS_DIR_ENV = "STREAMING_MERGE_KAFKA_CONSUMER_STATS_DIR"
-
-
-class KafkaSourceError(StreamingMergeError):
-    """Raised when the Kafka source cannot continue: bad options, an unreachable broker,
-    or (with failOnDataLoss) offsets that are no longer available."""
 
 
 # ----------------------------------------------------------------------------- client choice
@@ -245,7 +241,6 @@ def _checked_mechanism(kind: str, options: Mapping[str, str]) -> str | None:
 def _security_settings(kind: str, options: dict[str, str]) -> dict[str, Any]:
     """The options that differ between Java and the Python clients (JAAS credentials, Java
     truststores and keystores), translated and taken out of ``options``."""
-    from streaming_merge.kafka._clients.truststore import parse_truststore  # it imports this module
 
     settings: dict[str, Any] = {}
     mechanism = _checked_mechanism(kind, options)

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from streaming_merge.kafka._clients.common import KafkaSourceError
+from streaming_merge.kafka._clients.errors import KafkaSourceError
 
 TYPES = ("JKS", "PKCS12", "PEM")
 _PEM_BLOCK = re.compile(rb"-----BEGIN CERTIFICATE-----\s.*?-----END CERTIFICATE-----", re.S)
