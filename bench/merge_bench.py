@@ -50,7 +50,16 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 ALL_ENGINES = ("ours", "ours-dv", "ours-cdf", "ours-dv-cdf",
-               "delta-rs", "delta-rs-streamed", "duckdb", "floor", "spark-naive", "spark-floor")
+               "delta-rs", "delta-rs-streamed", "duckdb", "floor", "spark-naive", "spark-floor",
+               "delta-spark", "delta-spark-dv")
+# Delta Lake's own MergeIntoCommand (delta-spark) on the same session as ours.
+DELTA_SPARK = ("delta-spark", "delta-spark-dv")
+# Ours beside the Delta Lake engine of the same table kind: the issue's targets are these ratios.
+DELTA_PEERS = {"ours": "delta-spark", "ours-dv": "delta-spark-dv"}
+# Engines whose runs can follow each other on one table (--successive): every engine of a Delta
+# table, not the floors (they read the files a delta-rs run removed) or DuckDB (its own storage).
+SUCCESSIVE_ENGINES = ("ours", "ours-dv", "ours-cdf", "ours-dv-cdf", "delta-rs", "delta-rs-streamed",
+                      "spark-naive", *DELTA_SPARK)
 # Engines that re-read the files the preceding delta-rs run removed: they run right after it.
 AFTER_DELTA_RS = ("floor", "spark-floor")
 DEFAULT_ENGINES = ("ours", "delta-rs", "duckdb")
@@ -90,6 +99,13 @@ NOTES = [
     "floor = pyarrow.parquet read + rewrite of exactly the files delta-rs removed, no join, no log: "
     "an I/O floor for the copy-on-write part of the merge.",
     "files removed/added are observed by diffing the Delta log before/after, not the engine's metrics.",
+    "delta-spark(-dv) = Delta Lake's DeltaTable.merge (delta-spark) on the same session as ours, which then "
+    "has Delta's jar, extension and catalog, a 4 GB driver and spark.databricks.delta.snapshotPartitions=2; "
+    "-dv: deletion vectors turned on by Delta (ALTER TABLE, untimed). 'x delta-spark' = ours/delta-spark and "
+    "ours-dv/delta-spark-dv, the issue's targets.",
+    "jobs = Spark jobs per MERGE, counted by the status tracker for a job group set around the call.",
+    "--successive: each engine merges the scenario's batches one after the other into one table (warm "
+    "caches on every side, as in a stream) instead of each into a fresh copy.",
 ]
 
 
@@ -106,6 +122,7 @@ class Batch:
     n_inserts: int
     table: pa.Table
     amount_sum: float
+    sequence: int = 0
 
 
 def make_target(n_rows: int, seed: int) -> pa.Table:
@@ -114,11 +131,13 @@ def make_target(n_rows: int, seed: int) -> pa.Table:
     return _rows(rng, np.arange(n_rows, dtype=np.int64), _TARGET_TS_US, _BATCH_TS_US - 1)
 
 
-def make_batch(n_target: int, size: int, key_dist: str, seed: int) -> Batch:
+def make_batch(n_target: int, size: int, key_dist: str, seed: int, sequence: int = 0) -> Batch:
     """A CDC batch: 80 % updates of existing ids, 20 % inserts of ids >= n_target, no duplicate ids.
 
     ``clustered`` draws the updated ids from one contiguous window of ~2*size ids, which lands in one
     or two target files, so an engine that skips files by key range rewrites almost nothing.
+    ``sequence``: the batch's place in a series into one table (--successive); its ``updated_at``
+    values are above every earlier batch's, so its own rows can be counted in the result.
     """
     rng = np.random.default_rng([seed, size, KEY_DISTS.index(key_dist) + 1])
     n_updates = min(round(size * UPDATE_FRACTION), n_target)
@@ -133,9 +152,15 @@ def make_batch(n_target: int, size: int, key_dist: str, seed: int) -> Batch:
         raise ValueError(f"unknown key distribution {key_dist!r}; expected one of {KEY_DISTS}")
     inserted = np.arange(n_target, n_target + n_inserts)
     ids = rng.permutation(np.concatenate([updated, inserted]).astype(np.int64))
-    table = _rows(rng, ids, _BATCH_TS_US, _BATCH_TS_US + 3_600_000_000)
+    base = batch_ts(sequence)
+    table = _rows(rng, ids, base, base + 3_600_000_000)
     amount_sum = float(pc.sum(table["amount"]).as_py() or 0.0)
-    return Batch(size, key_dist, n_updates, n_inserts, table, amount_sum)
+    return Batch(size, key_dist, n_updates, n_inserts, table, amount_sum, sequence)
+
+
+def batch_ts(sequence: int) -> int:
+    """The lowest ``updated_at`` of the ``sequence``-th batch of a series (two hours apart)."""
+    return _BATCH_TS_US + sequence * 7_200_000_000
 
 
 def _rows(rng: np.random.Generator, ids: np.ndarray, ts_lo: int, ts_hi: int) -> pa.Table:
@@ -235,7 +260,7 @@ def _check_delta(path: Path, n_target: int, batch: Batch) -> Check:
     """Read the merged table with delta-rs (an independent reader for ours) and count."""
     # DataFusion's scan applies deletion vectors (to_pyarrow_dataset refuses a DV table).
     table = pa.table(deltalake.DeltaTable(str(path)).scan(columns=["id", "amount", "updated_at"]))
-    fresh = table.filter(pc.greater_equal(table["updated_at"].cast(pa.int64()), _BATCH_TS_US))
+    fresh = table.filter(pc.greater_equal(table["updated_at"].cast(pa.int64()), batch_ts(batch.sequence)))
     return Check(
         rows=table.num_rows,
         distinct_ids=int(pc.count_distinct(table["id"]).as_py()),
@@ -245,6 +270,13 @@ def _check_delta(path: Path, n_target: int, batch: Batch) -> Check:
         expected_fresh=batch.size,
         expected_amount_sum=batch.amount_sum,
     )
+
+
+def copy_table(master: Path, run_dir: Path) -> None:
+    """The run's own copy of the master table; in a series (--successive) the table the previous
+    batch of the series merged into, as it is."""
+    if not run_dir.exists():
+        shutil.copytree(master, run_dir)
 
 
 def _fill_file_diff(result: RunResult, before: Mapping[str, int], path: Path) -> tuple[list[str], list[str]]:
@@ -288,6 +320,9 @@ class OursEngine(Engine):
     """streaming_merge through its delta-spark-shaped API on a local[2] SparkSession."""
 
     name = "ours"
+    # Set by build_engines when a delta-spark engine runs: the one session then carries Delta
+    # Lake's jar, extension and catalog for every Spark engine.
+    with_delta_lake: ClassVar[bool] = False
 
     def __init__(self) -> None:
         self._spark: Any = None
@@ -306,7 +341,31 @@ class OursEngine(Engine):
         from streaming_merge.session import local_session
 
         # No console progress bars: they interleave with the per-run lines on stderr.
-        self._spark = local_session("bench", "local[2]", extra_conf={"spark.ui.showConsoleProgress": "false"})
+        conf = {"spark.ui.showConsoleProgress": "false"}
+        if self.with_delta_lake:
+            from streaming_merge.spark.packages import package_conf
+
+            # As the issue measured Delta Lake (4 GB driver), and as a careful user would tune it
+            # on this machine: its log replay in one partition per core, not 50.
+            conf |= package_conf(("delta",)) | {"spark.driver.memory": "4g",
+                                                "spark.databricks.delta.snapshotPartitions": "2"}
+        self._spark = local_session("bench", "local[2]", extra_conf=conf)
+
+    def _timed(self, result: RunResult, call: Callable[[], Any]) -> Any:
+        """Time ``call`` (wall clock, into ``result.seconds``) and count its Spark jobs
+        (``result.extra["jobs"]``: the status tracker's jobs of a job group set around it)."""
+        context = self._spark.sparkContext
+        group = f"merge_bench-{self.name}-{time.monotonic_ns()}"
+        gc.collect()
+        context.setLocalProperty("spark.jobGroup.id", group)
+        t0 = time.perf_counter()
+        try:
+            value = call()
+        finally:
+            result.seconds = time.perf_counter() - t0
+            context.setLocalProperty("spark.jobGroup.id", None)
+        result.extra["jobs"] = len(context.statusTracker().getJobIdsForGroup(group))
+        return value
 
     def _source(self, batch: Batch, result: RunResult) -> Any:
         """The batch as a Spark DataFrame, its making timed apart (``prep_s``): the other
@@ -318,20 +377,17 @@ class OursEngine(Engine):
 
     def run(self, master: Path, run_dir: Path, n_target: int, batch: Batch) -> RunResult:
         result = RunResult(self.name)
-        shutil.copytree(master, run_dir)
+        copy_table(master, run_dir)
         before = _live_files(run_dir)
         source = self._source(batch, result)
-        gc.collect()
-        t0 = time.perf_counter()
-        metrics = (
+        metrics = self._timed(result, lambda: (
             self._delta_table.forPath(self._spark, str(run_dir))
             .alias("t")
             .merge(source.alias("s"), "t.id = s.id")
             .whenMatchedUpdateAll()
             .whenNotMatchedInsertAll()
             .execute()
-        )
-        result.seconds = time.perf_counter() - t0
+        ))
         result.metrics = _jsonable(dict(metrics or {}))
         result.rows_updated = result.metrics.get("numTargetRowsUpdated")
         result.rows_inserted = result.metrics.get("numTargetRowsInserted")
@@ -362,6 +418,8 @@ class OursDvEngine(OursEngine):
         self._properties = self.PROPERTIES[name]
 
     def run(self, master: Path, run_dir: Path, n_target: int, batch: Batch) -> RunResult:
+        if run_dir.exists():  # a later batch of a series: the table has its properties
+            return super().run(master, run_dir, n_target, batch)
         copy = run_dir.with_name(run_dir.name + "_master")
         if not copy.exists():
             shutil.copytree(master, copy)
@@ -370,6 +428,52 @@ class OursDvEngine(OursEngine):
             return super().run(copy, run_dir, n_target, batch)
         finally:
             shutil.rmtree(copy, ignore_errors=True)
+
+
+class DeltaSparkEngine(OursEngine):
+    """Delta Lake's own MERGE (delta-spark's ``DeltaTable.merge``, its MergeIntoCommand) on the
+    same session and the same table copy as ours: ``delta-spark`` copy-on-write,
+    ``delta-spark-dv`` with deletion vectors turned on by Delta itself (untimed)."""
+
+    def __init__(self, name: str = "delta-spark") -> None:
+        super().__init__()
+        self.name = name
+        self._deletion_vectors = name.endswith("-dv")
+
+    def setup(self, workdir: Path) -> None:
+        from delta.tables import DeltaTable
+
+        self._delta_table = DeltaTable
+        self._start_session()
+        self.warm_up(workdir)
+
+    def run(self, master: Path, run_dir: Path, n_target: int, batch: Batch) -> RunResult:
+        result = RunResult(self.name)
+        fresh = not run_dir.exists()
+        copy_table(master, run_dir)
+        if fresh and self._deletion_vectors:
+            self._spark.sql(f"ALTER TABLE delta.`{run_dir}` SET TBLPROPERTIES ('delta.enableDeletionVectors' = true)")
+        before = _live_files(run_dir)
+        source = self._source(batch, result)
+        self._timed(result, lambda: (
+            self._delta_table.forPath(self._spark, str(run_dir))
+            .alias("t")
+            .merge(source.alias("s"), "t.id = s.id")
+            .whenMatchedUpdateAll()
+            .whenNotMatchedInsertAll()
+            .execute()
+        ))
+        last = self._delta_table.forPath(self._spark, str(run_dir)).history(1).collect()[0]
+        result.metrics = _jsonable(dict(last["operationMetrics"] or {}))
+        result.rows_updated = _int_or_none(result.metrics.get("numTargetRowsUpdated"))
+        result.rows_inserted = _int_or_none(result.metrics.get("numTargetRowsInserted"))
+        _fill_file_diff(result, before, run_dir)
+        result.check = _check_delta(run_dir, n_target, batch)
+        return result
+
+
+def _int_or_none(value: Any) -> int | None:
+    return int(value) if value is not None else None
 
 
 class NaiveSparkEngine(OursEngine):
@@ -389,7 +493,7 @@ class NaiveSparkEngine(OursEngine):
         from streaming_merge.table.write import write_files
 
         result = RunResult(self.name)
-        shutil.copytree(master, run_dir)
+        copy_table(master, run_dir)
         before = _live_files(run_dir)
         source = self._source(batch, result)
         gc.collect()
@@ -420,7 +524,7 @@ class DeltaRsEngine(Engine):
 
     def run(self, master: Path, run_dir: Path, n_target: int, batch: Batch) -> RunResult:
         result = RunResult(self.name, prep_s=0.0)
-        shutil.copytree(master, run_dir)
+        copy_table(master, run_dir)
         before = _live_files(run_dir)
         gc.collect()
         t0 = time.perf_counter()
@@ -606,6 +710,11 @@ class Scenario:
         times = [r.seconds for r in self.runs.get(engine, []) if r.seconds is not None and not r.error]
         return statistics.median(times) if times else None
 
+    def median_jobs(self, engine: str) -> float | None:
+        """Spark jobs per MERGE (the status tracker's count for the run's job group), median."""
+        jobs = [r.extra["jobs"] for r in self.runs.get(engine, []) if "jobs" in r.extra and not r.error]
+        return statistics.median(jobs) if jobs else None
+
 
 def _parse_list(text: str) -> list[str]:
     return [part.strip() for part in text.split(",") if part.strip()]
@@ -636,6 +745,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--workdir", default=None, help="scratch folder (default: a new temp dir, deleted after)")
     parser.add_argument("--keep", action="store_true", help="keep the scratch folder and merged tables")
     parser.add_argument("--quick", action="store_true", help="smoke run: 100k target, batch 10k, uniform only")
+    parser.add_argument("--successive", action="store_true",
+                        help="each engine merges the --warmup and --repeat batches of a scenario one after the "
+                             "other into one table (new keys each batch), as a stream does, instead of each "
+                             f"into a fresh copy; engines: {', '.join(SUCCESSIVE_ENGINES)}")
     args = parser.parse_args(argv)
     quick = args.quick
     args.target_rows = args.target_rows or (100_000 if quick else 1_000_000)
@@ -648,6 +761,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     for dist in args.key_dist:
         if dist not in KEY_DISTS:
             parser.error(f"unknown key distribution {dist!r}; choose from {', '.join(KEY_DISTS)}")
+    if args.successive and (others := [n for n in args.engines if n not in SUCCESSIVE_ENGINES]):
+        parser.error(f"--successive runs only {', '.join(SUCCESSIVE_ENGINES)}; not {', '.join(others)}")
     if args.repeat < 1 or args.target_rows < 1 or any(b < 1 for b in args.batches):
         parser.error("--repeat, --target-rows and batch sizes must be positive")
     for name in reversed(AFTER_DELTA_RS):  # each must run right after delta-rs, whose files it reads
@@ -668,6 +783,9 @@ def build_engines(names: Sequence[str], threads: int) -> dict[str, Engine]:
             engines[name] = OursDvEngine(name)
         elif name == "spark-naive":
             engines[name] = NaiveSparkEngine()
+        elif name in DELTA_SPARK:
+            OursEngine.with_delta_lake = True
+            engines[name] = DeltaSparkEngine(name)
         elif name == "delta-rs":
             engines[name] = DeltaRsEngine(streamed=False)
         elif name == "delta-rs-streamed":
@@ -727,6 +845,9 @@ def run_benchmark(
                     last_line = info["error"].strip().splitlines()[-1]
                     scenario.runs[name] = [RunResult(name, error=f"not run, setup failed: {last_line}")]
             log(f"scenario {scenario.label}: {batch.n_updates:,} updates + {batch.n_inserts:,} inserts")
+            if args.successive:
+                run_series(args, engines, master, workdir, scenario, log)
+                continue
             for rep in range(args.warmup):
                 for name, engine in engines.items():
                     result = engine.run(master, workdir / f"warmup_{name}", args.target_rows, batch)
@@ -763,6 +884,7 @@ def run_benchmark(
                 "n_updates": s.n_updates,
                 "n_inserts": s.n_inserts,
                 "median_seconds": {name: s.median(name) for name in s.runs},
+                "median_jobs": {name: s.median_jobs(name) for name in s.runs},
                 "ratios": _ratios(s),
                 "runs": {name: [_jsonable(asdict(r) | {"ok": r.ok}) for r in rs] for name, rs in s.runs.items()},
             }
@@ -772,11 +894,43 @@ def run_benchmark(
     return report, scenarios
 
 
+def run_series(args: argparse.Namespace, engines: Mapping[str, Engine], master: Path, workdir: Path,
+               scenario: Scenario, log: Callable[[str], None]) -> None:
+    """--successive: each engine merges ``warmup + repeat`` batches of the scenario one after the
+    other into one copy of the master (warm caches on every side, as a stream's batches: Delta
+    Lake keeps its snapshot of the table, ours follows the log). Each batch is new (other updated
+    keys, new inserted ones); every engine gets the same series, batch by batch in turn, the
+    engines' order rotating so that none always runs first."""
+    n_current = args.target_rows
+    names = list(engines)
+    for number in range(args.warmup + args.repeat):
+        batch = make_batch(n_current, scenario.batch_size, scenario.key_dist, args.seed + number, sequence=number)
+        timed = number >= args.warmup
+        shift = number % len(names)
+        for name in names[shift:] + names[:shift]:
+            try:
+                result = engines[name].run(master, workdir / f"series_{name}", n_current, batch)
+            except Exception:
+                result = RunResult(name, error=traceback.format_exc())
+            if result.check is not None:
+                result.ok = result.check.ok
+            if timed:
+                scenario.runs.setdefault(name, []).append(result)
+            label = (f"{number - args.warmup + 1}/{args.repeat}" if timed
+                     else f"warm-up {number + 1}/{args.warmup}, not timed")
+            log(f"  [{label}] {_describe(result)}")
+        n_current += batch.n_inserts
+    for name in names:
+        shutil.rmtree(workdir / f"series_{name}", ignore_errors=True)
+
+
 def _ratios(s: Scenario) -> dict[str, float | None]:
     """Ours against each peer, and each Spark floor or rewrite against delta-rs: how much of
     ours' distance to delta-rs any Spark plan on this session pays as well."""
     out: dict[str, float | None] = {}
-    for numerator, denominator in (("ours", "delta-rs"), ("ours-dv", "delta-rs"), ("ours-dv", "ours"),
+    for numerator, denominator in (("ours", "delta-spark"), ("ours-dv", "delta-spark-dv"), ("ours-dv", "delta-spark"),
+                                   ("delta-spark-dv", "delta-spark"),
+                                   ("ours", "delta-rs"), ("ours-dv", "delta-rs"), ("ours-dv", "ours"),
                                    ("ours-cdf", "ours"), ("ours-dv-cdf", "ours-dv"),
                                    ("ours", "duckdb"), ("ours", "spark-naive"),
                                    ("ours", "spark-floor"), ("spark-floor", "delta-rs"),
@@ -815,6 +969,7 @@ def _meta(args: argparse.Namespace, setup: dict[str, Any], master_files: Mapping
             "duckdb": duckdb.__version__,
             "pyarrow": pa.__version__,
             "pyspark": pyspark.__version__,
+            "delta-spark": _delta_spark_version(),
             "numpy": np.__version__,
         },
         "target_rows": args.target_rows,
@@ -825,10 +980,20 @@ def _meta(args: argparse.Namespace, setup: dict[str, Any], master_files: Mapping
         "engines": args.engines,
         "repeat": args.repeat,
         "warmup": args.warmup,
+        "successive": args.successive,
         "seed": args.seed,
         "setup": setup,
         "notes": NOTES,
     }
+
+
+def _delta_spark_version() -> str | None:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("delta-spark")
+    except PackageNotFoundError:
+        return None
 
 
 def format_table(scenarios: Sequence[Scenario]) -> str:
@@ -838,6 +1003,8 @@ def format_table(scenarios: Sequence[Scenario]) -> str:
         "seconds",
         "x delta-rs",
         "ours/this",
+        "x delta-spark",
+        "jobs",
         "files -rm/+add",
         "upd/ins",
         "ok",
@@ -859,6 +1026,8 @@ def format_table(scenarios: Sequence[Scenario]) -> str:
             else:
                 ok = "✓" if any(r.ok for r in runs) else "-"
             versus_delta_rs = ratios.get(f"{name}/delta-rs")
+            versus_delta_spark = ratios.get(f"{name}/{DELTA_PEERS[name]}") if name in DELTA_PEERS else None
+            jobs = s.median_jobs(name)
             ours_versus = ratios.get(f"ours/{name}")
             rows.append(
                 (
@@ -867,6 +1036,8 @@ def format_table(scenarios: Sequence[Scenario]) -> str:
                     f"{median:.3f}" if median is not None else "-",
                     _fmt_ratio(versus_delta_rs) if versus_delta_rs is not None else "",
                     _fmt_ratio(ours_versus) if ours_versus is not None else "",
+                    _fmt_ratio(versus_delta_spark) if versus_delta_spark is not None else "",
+                    f"{jobs:g}" if jobs is not None else "",
                     files,
                     upd_ins,
                     ok,

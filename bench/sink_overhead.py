@@ -10,7 +10,13 @@ milliseconds per batch, on the same data in the same process:
   per id and increasing ``lsn``, so A is *correct* here without dedupe or an ordering guard;
 * ``B`` (sink): ``MergeSink(keys, sequence_by, delete_when, app_id)`` called as ``foreachBatch``
   calls it, with tombstones (the default);
-* ``C`` (sink, ``tombstones=False``): separates the tombstone table's cost from the rest.
+* ``C`` (sink, ``tombstones=False``): separates the tombstone table's cost from the rest;
+* ``D`` (with ``--delta``): what users write today with Delta Lake itself, in ``foreachBatch``:
+  ``spark.databricks.delta.write.txnAppId`` / ``txnVersion`` set for the batch (Delta's
+  idempotent writes), the newest event per key kept (``row_number`` over a window), and
+  delta-spark's ``DeltaTable.merge`` with the same clauses as A. The session then carries Delta
+  Lake's jar, extension and catalog (and ``spark.databricks.delta.snapshotPartitions`` = 2, the
+  cores), for every variant.
 
 Fairness: every variant merges into its own ``shutil.copytree`` of one target folder, gets the
 same batch objects (built from Arrow and ``localCheckpoint``-ed *before* any timing, so input
@@ -50,14 +56,17 @@ import deltalake
 import numpy as np
 import pyarrow as pa
 import pyspark
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import DataFrame, SparkSession, Window
+from pyspark.sql import functions as F
 
 from bench import jvm_cpu
 from streaming_merge import DeltaTable, MergeSink
 from streaming_merge.session import local_session
 
 VARIANTS = ("A", "B", "C")
-LABELS = {"A": "bare MERGE", "B": "MergeSink", "C": "MergeSink(tombstones=False)"}
+DELTA_VARIANT = "D"
+LABELS = {"A": "bare MERGE", "B": "MergeSink", "C": "MergeSink(tombstones=False)",
+          "D": "Delta foreachBatch (txn, dedupe)"}
 PHASES = ("materialize", "tombstones", "merge", "commit", "total")
 UPDATE_FRACTION = 0.8
 DELETE_FRACTION = 0.01  # carved out of the updates: "a few" deletes of live ids per batch
@@ -182,6 +191,33 @@ class BareMerge:
                    .execute())
         self.timings[batch_id] = {k: int(metrics[k] or 0) for k in ("scanTimeMs", "rewriteTimeMs",
                                                                     "executionTimeMs")}
+
+
+class DeltaForeachBatch:
+    """Variant D: the ``foreachBatch`` function users write today with Delta Lake's own MERGE,
+    exactly once through Delta's idempotent-write settings (a replayed batch id is skipped)."""
+
+    def __init__(self, spark: SparkSession, path: str) -> None:
+        self._spark = spark
+        self._path = path
+
+    def __call__(self, batch: DataFrame, batch_id: int) -> None:
+        from delta.tables import DeltaTable as DeltaLakeTable
+
+        newest = Window.partitionBy("id").orderBy(F.col("lsn").desc())
+        deduped = batch.withColumn("_newest", F.row_number().over(newest)).filter("_newest = 1").drop("_newest")
+        conf = self._spark.conf
+        conf.set("spark.databricks.delta.write.txnAppId", APP_ID)
+        conf.set("spark.databricks.delta.write.txnVersion", str(batch_id))
+        try:
+            (DeltaLakeTable.forPath(self._spark, self._path).alias("t").merge(deduped.alias("s"), "t.id = s.id")
+             .whenMatchedDelete("s.op = 'd'")
+             .whenMatchedUpdateAll("s.op != 'd'")
+             .whenNotMatchedInsertAll("s.op != 'd'")
+             .execute())
+        finally:
+            conf.unset("spark.databricks.delta.write.txnAppId")
+            conf.unset("spark.databricks.delta.write.txnVersion")
 
 
 def make_sink(path: str, tombstones: bool) -> MergeSink:
@@ -312,7 +348,7 @@ def _first_difference(expected: pa.Table, actual: pa.Table) -> str:
 def overhead(stats: dict[str, dict[str, float | None]]) -> dict[str, float | None]:
     """Differences of medians (not medians of per-batch differences: the calls are not paired
     closely enough, with rotation, for a per-batch difference to mean more)."""
-    med = {name: stats[name]["median_ms"] for name in VARIANTS}
+    med = {name: stats[name]["median_ms"] for name in stats}
 
     def diff(x: str, y: str) -> float | None:
         mx, my = med[x], med[y]
@@ -322,8 +358,11 @@ def overhead(stats: dict[str, dict[str, float | None]]) -> dict[str, float | Non
         mx, my = med[x], med[y]
         return None if mx is None or not my else mx / my
 
-    return {"B_minus_A_median_ms": diff("B", "A"), "C_minus_A_median_ms": diff("C", "A"),
-            "B_minus_C_median_ms": diff("B", "C"), "B_over_A": ratio("B", "A"), "C_over_A": ratio("C", "A")}
+    result = {"B_minus_A_median_ms": diff("B", "A"), "C_minus_A_median_ms": diff("C", "A"),
+              "B_minus_C_median_ms": diff("B", "C"), "B_over_A": ratio("B", "A"), "C_over_A": ratio("C", "A")}
+    if DELTA_VARIANT in med:  # the issue's target: the sink's batch against Delta's foreachBatch
+        result |= {"B_over_D": ratio("B", DELTA_VARIANT), "C_over_D": ratio("C", DELTA_VARIANT)}
+    return result
 
 
 def parse_conf(pairs: Sequence[str]) -> dict[str, str]:
@@ -338,7 +377,13 @@ def parse_conf(pairs: Sequence[str]) -> dict[str, str]:
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     conf = parse_conf(args.conf)
-    spark = local_session("bench", "local[2]", extra_conf=conf)
+    variants = (*VARIANTS, DELTA_VARIANT) if args.delta else VARIANTS
+    session_conf = dict(conf)
+    if args.delta:
+        from streaming_merge.spark.packages import package_conf
+
+        session_conf = package_conf(("delta",)) | {"spark.databricks.delta.snapshotPartitions": "2"} | conf
+    spark = local_session("bench", "local[2]", extra_conf=session_conf)
     workdir = Path(args.workdir or tempfile.mkdtemp(prefix="sink_overhead_"))
     workdir.mkdir(parents=True, exist_ok=True)
     total_batches = args.warmup + args.batches
@@ -347,7 +392,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         workload = make_workload(args.target_rows, total_batches, args.batch_rows, args.seed)
         master = str(workdir / "master")
         create_target(spark, workload.target, master, args.target_files)
-        paths = {name: str(workdir / name) for name in VARIANTS}
+        paths = {name: str(workdir / name) for name in variants}
         for path in paths.values():
             shutil.copytree(master, path)
         batches = [to_spark(spark, b) for b in workload.batches]
@@ -359,20 +404,22 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         tombstone_ms: dict[str, list[float]] = {"without_late": [], "record": []}
         pid = jvm_cpu.jvm_pid(spark)
         measure_cpu = jvm_cpu.available(pid)
-        cpu_ms: dict[str, dict[str, float]] = {name: dict.fromkeys(jvm_cpu.GROUP_NAMES, 0.0) for name in VARIANTS}
+        cpu_ms: dict[str, dict[str, float]] = {name: dict.fromkeys(jvm_cpu.GROUP_NAMES, 0.0) for name in variants}
         bare = BareMerge(spark, paths["A"])
         load_before = os.getloadavg()
         calls: dict[str, Callable[[DataFrame, int], None]] = {"A": bare, **sinks}
-        times: dict[str, list[float]] = {name: [] for name in VARIANTS}
-        jobs: dict[str, list[int]] = {name: [] for name in VARIANTS}
+        if args.delta:
+            calls[DELTA_VARIANT] = DeltaForeachBatch(spark, paths[DELTA_VARIANT])
+        times: dict[str, list[float]] = {name: [] for name in variants}
+        jobs: dict[str, list[int]] = {name: [] for name in variants}
         context = spark.sparkContext
         # A variant that raises is dropped for the rest of the run (its table no longer matches the
         # others, so timing it further would compare different work), and the run still reports.
         failures: dict[str, dict[str, Any]] = {}
         for batch_id, batch in enumerate(batches):
-            shift = batch_id % len(VARIANTS)
-            order = [name for name in VARIANTS[shift:] + VARIANTS[:shift] if name not in failures]
-            this_batch: dict[str, str] = {name: "failed" for name in VARIANTS}
+            shift = batch_id % len(variants)
+            order = [name for name in variants[shift:] + variants[:shift] if name not in failures]
+            this_batch: dict[str, str] = {name: "failed" for name in variants}
             for name in order:
                 gc.collect()
                 group = f"sink_overhead-{name}-{batch_id}"
@@ -402,10 +449,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     jobs[name].append(len(context.statusTracker().getJobIdsForGroup(group)))
             kind = "warm-up" if batch_id < args.warmup else "timed"
             print(f"  batch {batch_id:3d} {kind:<7} order {''.join(order):<3}: "
-                  + "  ".join(f"{name}={this_batch[name]:>8}" for name in VARIANTS), flush=True)
+                  + "  ".join(f"{name}={this_batch[name]:>8}" for name in variants), flush=True)
 
         load_after = os.getloadavg()
-        stats = {name: summarize(times[name]) for name in VARIANTS}
+        stats = {name: summarize(times[name]) for name in variants}
         progress = {name: [p for p in sink.recentProgress if p["batchId"] >= args.warmup and not p["skipped"]]
                     for name, sink in sinks.items()}
         phases = {name: phase_medians(records) for name, records in progress.items()}
@@ -424,7 +471,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "config": {
                 "target_rows": args.target_rows, "target_files": args.target_files, "batches": args.batches,
                 "warmup": args.warmup, "batch_rows": args.batch_rows, "seed": args.seed,
-                "batch_mix": workload.counts[0], "master": "local[2]", "spark_conf": conf,
+                "batch_mix": workload.counts[0], "master": "local[2]", "spark_conf": session_conf,
             },
             "environment": {
                 "python": platform.python_version(), "pyspark": pyspark.__version__,
@@ -432,7 +479,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 "loadavg_before": load_before, "loadavg_after": load_after,
             },
             "variants": {name: {"label": LABELS[name], **stats[name], "ms": times[name], "jobs": jobs[name]}
-                         for name in VARIANTS},
+                         for name in variants},
             "overhead": overhead(stats),
             "failures": failures,
             "sink_phases_median_ms": phases,
@@ -496,6 +543,9 @@ def report(result: dict[str, Any]) -> None:
           f"C-A = {_fmt(o['C_minus_A_median_ms'], '+.0f')} ms, "
           f"tombstones B-C = {_fmt(o['B_minus_C_median_ms'], '+.0f')} ms; "
           f"B/A = {_fmt(o['B_over_A'], '.2f')}, C/A = {_fmt(o['C_over_A'], '.2f')}")
+    if "B_over_D" in o:
+        print(f"  against Delta Lake's own foreachBatch (D): B/D = {_fmt(o['B_over_D'], '.2f')}, "
+              f"C/D = {_fmt(o['C_over_D'], '.2f')}")
     print("  sink phases, median ms over timed batches (from recentProgress durationMs):")
     names = [*PHASES, "unaccounted"]
     print("    " + "".join(f"{n:>13}" for n in ("", *names)))
@@ -537,6 +587,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                         help="JSON output (default bench/results/sink_overhead[_quick].json)")
     parser.add_argument("--workdir", default=None, help="where the tables go (default: a temp dir)")
     parser.add_argument("--keep", action="store_true", help="keep the tables afterwards")
+    parser.add_argument("--delta", action="store_true",
+                        help="add variant D, the foreachBatch users write with Delta Lake's own MERGE (delta-spark)")
     parser.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE",
                         help="extra Spark conf for the session, repeatable (applies to every variant)")
     args = parser.parse_args(argv)
