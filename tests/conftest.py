@@ -81,7 +81,10 @@ def spark(driver_class_archive: WarmedArchive | None) -> Iterator[object]:
     # One JVM serves both engines: Spark's Kafka connector and Delta Lake (its SQL extension
     # and catalog) beside ours, as oracle, second reader and benchmark peer.
     session = local_session("streaming_merge-tests", "local[2]", shuffle_partitions=2,
-                            extra_conf=package_conf(("kafka", "delta")))
+                            extra_conf={**package_conf(("kafka", "delta")),
+                                        # Delta's log replay on the session's 2 cores, not its 50
+                                        # default partitions: what a careful user sets here
+                                        "spark.databricks.delta.snapshotPartitions": "2"})
     yield session
     session.stop()
 

@@ -31,7 +31,7 @@ def main() -> int:
     args = parser.parse_args()
     ops = [DeltaOp.of(record) for record in json.loads(Path(args.plan).read_text())]
     spark = local_session("delta-writer", "local[2]", shuffle_partitions=2, short_run=True,
-                          extra_conf=package_conf(("delta",)))
+                          extra_conf={**package_conf(("delta",)), "spark.databricks.delta.snapshotPartitions": "2"})
     spark.read.format("delta").load(args.table).count()  # Delta's classes loaded before the start
     Path(args.ready).touch()
     wait_for_file(args.go, 300, "the test's go")
