@@ -119,6 +119,7 @@ from jobs.kafka_cdc_ingest import IngestConfig, start
 from streaming_merge.kafka.broker import EmbeddedKafka, ProducedRecord
 from streaming_merge.kafka.source import STATS_DIR_ENV, register
 from streaming_merge.session import local_session
+from streaming_merge.spark.packages import KAFKA_CONNECTOR, package_conf
 
 TABLE = "orders"
 SPARK_PHASES = ("latestOffset", "getBatch", "queryPlanning", "walCommit", "addBatch", "commitOffsets",
@@ -510,6 +511,10 @@ def _fmt(value: Any) -> str:
 
 
 def print_report(result: dict[str, Any]) -> None:
+    if "stacks" in result:
+        from bench.kafka_stacks import print_stacks
+
+        print_stacks(result["stacks"])
     if "read" in result:
         print_clients_and_source(result["read"])
     if "runs" in result:  # --ab: each run, then the comparison
@@ -889,10 +894,13 @@ def verify_onto(target: str, dead_letter: str, prebuilt: pa.Table, records: list
 def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
     load_before = os.getloadavg()
     parts = set(args.parts.split(","))
-    unknown = parts - {"clients", "source", "e2e"}
+    unknown = parts - {"clients", "source", "e2e", "stacks"}
     if unknown:
-        raise SystemExit(f"--parts: unknown {sorted(unknown)}; choose from clients, source, e2e")
-    spark = local_session("kafka_ingest_bench", args.master, short_run=args.jit == "c1", late_c2=args.jit == "late-c2")
+        raise SystemExit(f"--parts: unknown {sorted(unknown)}; choose from clients, source, e2e, stacks")
+    # The stacks part runs Spark's Kafka connector and Delta Lake beside ours, in this session.
+    extra = package_conf((KAFKA_CONNECTOR, "delta")) if "stacks" in parts else {}
+    spark = local_session("kafka_ingest_bench", args.master, short_run=args.jit == "c1", late_c2=args.jit == "late-c2",
+                          extra_conf=extra)
     spark.range(10_000).selectExpr("sum(id)").collect()  # JVM and executors up before any clock starts
     result: dict[str, Any] = {"benchmark": "kafka_ingest", "created": datetime.now(UTC).isoformat(timespec="seconds"),
                               "parts": sorted(parts)}
@@ -901,13 +909,18 @@ def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
             result["read"] = clients_and_source(spark, args, workdir)
         if "e2e" in parts:
             result.update(e2e_run(spark, args, workdir))
+        if "stacks" in parts:
+            from bench.kafka_stacks import stacks_run
+
+            result["stacks"] = stacks_run(spark, args, workdir)
     finally:
         spark.stop()
     result["environment"] = {
         "python": platform.python_version(), "pyspark": pyspark.__version__, "deltalake": deltalake.__version__,
         "cpus": os.cpu_count(), "platform": platform.platform(), "master": args.master, "jit": args.jit,
         "loadavgBefore": [round(x, 2) for x in load_before],
-        "loadavgAfter": [round(x, 2) for x in os.getloadavg()], "broker": "tansu (embedded)"}
+        "loadavgAfter": [round(x, 2) for x in os.getloadavg()],
+        "broker": "tansu (embedded)" + (", Apache Kafka 4.4 (stacks)" if "stacks" in parts else "")}
     return result
 
 
@@ -948,6 +961,15 @@ def main(argv: list[str] | None = None) -> int:
                              "its own copy of the target; print both and the ratio of their events/s")
     parser.add_argument("--rounds", type=int, default=1,
                         help="with --ab: rounds of both runs, alternating which goes first (medians are compared)")
+    parser.add_argument("--quick", action="store_true",
+                        help="stacks: a 100k-row target, 2k- and 10k-record batches, no warm-up (a smoke run)")
+    parser.add_argument("--stacks", default="ours,spark-kafka,standard",
+                        help="stacks part: comma list of ours, spark-kafka, standard (bench/kafka_stacks.py)")
+    parser.add_argument("--batch-sizes", default=None,
+                        help="stacks part: records a batch (maxOffsetsPerTrigger), comma list (default 5000,50000)")
+    parser.add_argument("--stack-batches", type=int, default=0,
+                        help="stacks part: batches per run after the first (default 5, --quick 3)")
+    parser.add_argument("--skip-malformed", action="store_true", help="stacks part: no 1 %% malformed run")
     parser.add_argument("--out", default="bench/results/kafka_ingest.json")
     parser.add_argument("--workdir", default=None, help="where tables and checkpoints go (default: a temp folder)")
     parser.add_argument("--keep", action="store_true", help="keep the workdir")
@@ -970,7 +992,12 @@ def main(argv: list[str] | None = None) -> int:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2))
     print(f"wrote {out}")
-    return 0 if result.get("check", {"ok": True})["ok"] else 1
+    ok = result.get("check", {"ok": True})["ok"]
+    if "stacks" in result:
+        from bench.kafka_stacks import stacks_ok
+
+        ok = ok and stacks_ok(result["stacks"])
+    return 0 if ok else 1
 
 
 if __name__ == "__main__":

@@ -98,6 +98,15 @@ def make_tls(folder: Path) -> TlsFiles:
     return TlsFiles(ca_pem=ca_pem, truststore_jks=truststore_jks, truststore_p12=truststore_p12, keystore=keystore)
 
 
+def _cluster_id() -> str:
+    """A random KRaft cluster id. Kafka's own generator skips ids that start with '-', which
+    ``kafka-storage format -t`` would read as an option; so does this one."""
+    while True:
+        cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+        if not cluster_id.startswith("-"):
+            return cluster_id
+
+
 @dataclass
 class ApacheKafka:
     """A one-node KRaft Kafka in ``workdir`` (a temporary folder by default)."""
@@ -146,7 +155,7 @@ class ApacheKafka:
         properties = self.workdir / "server.properties"
         properties.write_text(self._properties())
         (self.workdir / "log4j2.properties").write_text(_LOG4J)
-        cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+        cluster_id = _cluster_id()
         scram = f"SCRAM-SHA-256=[name={USER},password={PASSWORD}]"
         self._java(["kafka.tools.StorageTool", "format", "--standalone", "-t", cluster_id, "-c", str(properties),
                     "--add-scram", scram], wait=True)

@@ -301,7 +301,10 @@ CLI: dict[str, dict[str, tuple[str | None, str]]] = {
         "--starting-offsets": ("Where a new query starts: `earliest`, `latest` or JSON offsets per "
                                "partition (Spark's `startingOffsets`; a restart uses the checkpoint).",
                                "`latest` to skip history; JSON to start at known offsets."),
-        "--source-format": (None, "`kafka` where Spark's JVM Kafka connector is on the classpath."),
+        "--source-format": (None, "`kafka` to read with Spark's own connector (added to a local session; "
+                                  "`--packages` under spark-submit)."),
+        "--kafka-option": (None, "SASL/SSL and other client settings, by Spark's connector's names "
+                                 "([Kafka guide](../guides/kafka.md#security-and-client-options))."),
         "--master": (None, "Locally only; under spark-submit the cluster's master is used."),
         "--ignore-null-updates": (None, "When the source sends only changed columns."),
         "--unavailable-value": (None, "`''` when your connector sends the placeholder as real data."),

@@ -5,7 +5,7 @@ retries and the progress line. Neither mode imports the other for these."""
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -15,12 +15,18 @@ from pyspark.sql.types import StructType
 
 from streaming_merge.errors import StreamingMergeError
 from streaming_merge.kafka import debezium
-from streaming_merge.kafka.source import register
+from streaming_merge.kafka._clients import MetadataClient
+from streaming_merge.kafka._clients.common import KAFKA_PYTHON
+from streaming_merge.kafka.source import SHORT_NAME, KafkaOptions, KafkaSourceError, register
 from streaming_merge.merge.materialize import DEFAULT_STORAGE_LEVELS, is_lost_block_error, level_for_attempt
 from streaming_merge.spark.startup_marks import mark
 from streaming_merge.streaming.scd2 import HISTORY_COLUMNS
 
 log = logging.getLogger("jobs.kafka_cdc_ingest")
+CONNECTOR_FORMAT = "kafka"  # Spark's own Kafka connector (spark-sql-kafka-0-10)
+SOURCE_FORMATS = (SHORT_NAME, CONNECTOR_FORMAT)
+# Options of the kafka_py source alone, and what they do there.
+KAFKA_PY_ONLY_OPTIONS = {"kafka.client": "chooses the Python client of the kafka_py source"}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -33,7 +39,9 @@ class ChangeSettings:
     max_offsets_per_trigger: int | None = None
     starting_offsets: str = "earliest"
     on_malformed: str = "dead_letter"
-    source_format: str = "kafka_py"
+    source_format: str = "kafka_py"  # or "kafka": Spark's own connector (SOURCE_FORMATS)
+    # kafka.* client options (--kafka-option), named as Spark's connector names them
+    kafka_options: dict[str, str] = field(default_factory=dict)
     extra_sequence: list[str] = field(default_factory=list)
     # delta-rs options for the tables' logs (added to those derived from Spark's Hadoop configuration)
     storage_options: dict[str, str] = field(default_factory=dict)
@@ -109,21 +117,67 @@ def staged_again_on_lost_blocks(run_once: Callable[[DataFrame, int, str], dict[s
 
 
 def source_options(config: ChangeSettings, subscription: tuple[str, str], bootstrap_servers: str) -> dict[str, str]:
-    """The Kafka source's options of either job mode."""
+    """The Kafka source's options of either job mode, the ``kafka.*`` client options included
+    (checked: :func:`checked_kafka_options`)."""
     option, value = subscription
-    options = {"kafka.bootstrap.servers": bootstrap_servers, option: value, "startingOffsets": config.starting_offsets}
+    options = {**checked_kafka_options(config.kafka_options, config.source_format),
+               "kafka.bootstrap.servers": bootstrap_servers, option: value, "startingOffsets": config.starting_offsets}
     if config.max_offsets_per_trigger:
         options["maxOffsetsPerTrigger"] = str(config.max_offsets_per_trigger)
     return options
+
+
+def checked_kafka_options(options: Mapping[str, str], source_format: str) -> dict[str, str]:
+    """``kafka.*`` client options for ``source_format``; a ValueError names what is wrong: a name
+    without the ``kafka.`` prefix, the bootstrap servers (``--bootstrap-servers``), or an option
+    only ``kafka_py`` knows given to Spark's connector (which would pass it to the Java client
+    as an unknown setting, and ignore it)."""
+    if source_format not in SOURCE_FORMATS:
+        raise ValueError(f"source format must be one of {', '.join(SOURCE_FORMATS)}, got {source_format!r}")
+    for name in options:
+        if not name.lower().startswith("kafka.") or name.lower() == "kafka.":
+            raise ValueError(f"Kafka option {name!r} must be named kafka.<client setting>, e.g. "
+                             "kafka.security.protocol (the names of Spark's Kafka connector)")
+        if name.lower() == "kafka.bootstrap.servers":
+            raise ValueError("give the bootstrap servers with --bootstrap-servers, not as a Kafka option")
+        if source_format == CONNECTOR_FORMAT and name.lower() in KAFKA_PY_ONLY_OPTIONS:
+            raise ValueError(f"Kafka option {name!r} {KAFKA_PY_ONLY_OPTIONS[name.lower()]}; Spark's connector "
+                             "(--source-format kafka) reads with the Java client: leave it out")
+    return dict(options)
+
+
+def check_broker(config: ChangeSettings, subscription: tuple[str, str], bootstrap_servers: str) -> None:
+    """Spark's connector only: fetch the topic list once with the job's options through a
+    Python client before the query starts, so wrong credentials or an unreachable broker
+    fail the job at once with the broker and the cause named (the connector retries for
+    minutes and then names neither). Options only the Java client reads are not checked."""
+    try:
+        options = KafkaOptions.parse(source_options(config, subscription, bootstrap_servers))
+    except KafkaSourceError as exc:
+        log.info("Not checking the broker before the query: %s", exc)
+        return
+    try:
+        client = MetadataClient(options.client)
+    except KafkaSourceError as exc:
+        if options.client.kind == KAFKA_PYTHON:
+            raise  # kafka-python connects in its constructor: this is the broker's answer
+        log.info("Not checking the broker before the query (an option librdkafka does not take): %s", exc)
+        return
+    try:
+        client.topics()
+    finally:
+        client.close()
 
 
 def start_query(spark: SparkSession, config: ChangeSettings, subscription: tuple[str, str],
                 function: Callable[[DataFrame, int], None], bootstrap_servers: str,
                 checkpoint: str) -> StreamingQuery:
     """The Kafka source → ``foreachBatch(function)`` query of either job mode, started."""
-    if config.source_format == "kafka_py":
+    if config.source_format == SHORT_NAME:
         register(spark)
         mark("source_registered")
+    else:
+        check_broker(config, subscription, bootstrap_servers)
     records = spark.readStream.format(config.source_format).options(
         **source_options(config, subscription, bootstrap_servers)).load()
     mark("source_loaded")

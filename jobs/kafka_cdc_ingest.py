@@ -9,9 +9,9 @@ A whole database in one query (one table per topic, see ``jobs/_database.py``):
         --subscribe-pattern 'dbserver1\\.inventory\\..*' --target-root /lake/inventory --checkpoint /chk/inventory
 
 Prints one progress line per batch (per table and batch) with the merge metrics; SIGTERM/SIGINT stop the
-query cleanly (the current batch finishes, offsets are committed). Where Spark's own
-Kafka connector is on the classpath, ``--source-format kafka`` uses it instead; the
-rest of the pipeline is the same.
+query cleanly (the current batch finishes, offsets are committed). ``--source-format kafka``
+reads with Spark's own Kafka connector instead of ours; the rest of the pipeline is the same.
+``--kafka-option kafka.NAME=VALUE`` (repeatable) passes client settings such as SASL/SSL.
 """
 
 from __future__ import annotations
@@ -39,6 +39,7 @@ from streaming_merge.merge.materialize import (
 )
 from streaming_merge.session import local_session, stop_session
 from streaming_merge.spark.interpreted import DEFAULT_INTERPRETED_MAX_ROWS, interpreted_if_small
+from streaming_merge.spark.packages import KAFKA_CONNECTOR, package_conf
 from streaming_merge.spark.startup_marks import enabled, jvm_state, mark
 from streaming_merge.streaming.background import BackgroundCall
 from streaming_merge.table.append import append_rows
@@ -50,9 +51,12 @@ if TYPE_CHECKING:
     from jobs._database import DatabaseConfig
 
 from jobs._common import (
+    CONNECTOR_FORMAT,
+    SOURCE_FORMATS,
     ChangeSettings,
     MalformedRecordsError,
     change_options,
+    checked_kafka_options,
     progress_line,
     row_columns,
     source_options,
@@ -148,8 +152,12 @@ def batch_function(config: IngestConfig, on_progress: Callable[[dict[str, Any]],
         decode = debezium.decode_observed(records, row_schema, keys=config.keys, truncates=config.apply_truncates)
 
         def malformed() -> DataFrame:  # asked only of a batch that has malformed records
+            observed = decode.observed_malformed(spark)
+            ranges = decode.malformed_ranges()  # records too large to be observed: read again (rare)
+            if not ranges:
+                return observed
             kafka = KafkaOptions.parse(source_options(config, ("subscribe", config.topics), config.bootstrap_servers))
-            return decode.malformed(read_ranges(spark, kafka, decode.malformed_ranges()))
+            return observed.unionByName(decode.malformed(read_ranges(spark, kafka, ranges)))
 
         batch = _BatchWrites(spark, config, batch_id, decode, malformed)
         through_sink(batch, decode.events, config.max_offsets_per_trigger)
@@ -195,8 +203,9 @@ class _BatchWrites:
     hook. Decoded in the sink's copy (``decode``), the counts are known once that copy exists
     (``after_materialize``), before the MERGE: a batch with malformed records then fails with
     nothing committed (``--on-malformed fail``), or its dead-letter append starts beside the
-    MERGE, with those records read from Kafka again (``malformed``: their offset ranges alone,
-    outside the stream's input; a batch without any pays nothing). Decoded into a checkpoint
+    MERGE, with those records as the copy's job observed them (``malformed``: no Kafka read and
+    no decode again; only records over ``debezium.INLINE_DEAD_LETTER_BYTES`` are read again by
+    offset range, outside the stream's input; a batch without any pays nothing). Decoded into a checkpoint
     first (``decode`` None), :meth:`decoded` gives the count before the sink runs. Either way the
     MERGE waits for the append right before it commits (``before_commit``), so the commit that
     records the batch as done comes last."""
@@ -262,7 +271,7 @@ def _prepare_first_batch(spark: SparkSession, config: IngestConfig, followed: li
             mark("first_batch_prepared_log", once=True)
             if row_schema is not None:
                 debezium.prepare_decode(spark, row_schema, keys=config.keys, truncates=config.apply_truncates)
-            records = warm_up_records(spark) if config.source_format == "kafka_py" else None
+            records = warm_up_records(spark) if config.source_format == SHORT_NAME else None
             if records is not None:
                 spark.sparkContext.setJobDescription("kafka_cdc_ingest: the first batch's decode, on no records")
                 if row_schema is None:
@@ -369,7 +378,14 @@ def parse_args(argv: list[str] | None) -> tuple[IngestConfig | DatabaseConfig, s
                         "(default: the table's schema, or inferred from the first batch)")
     parser.add_argument("--max-offsets-per-trigger", type=int, default=None)
     parser.add_argument("--starting-offsets", default="earliest")
-    parser.add_argument("--source-format", default="kafka_py", help="'kafka' to use Spark's JVM connector")
+    parser.add_argument("--source-format", choices=SOURCE_FORMATS, default=SHORT_NAME,
+                        help="kafka_py (default): this project's source (Python clients, no jar); kafka: Spark's "
+                        "own connector (spark-sql-kafka-0-10, added to a local session; under spark-submit give "
+                        "--packages)")
+    parser.add_argument("--kafka-option", action="append", default=[], metavar="kafka.NAME=VALUE",
+                        help="Kafka client setting, named as Spark's Kafka connector names them, e.g. "
+                        "kafka.security.protocol=SASL_SSL (repeatable; see docs/guides/kafka.md for SASL/SSL and "
+                        "how each is translated for the Python clients)")
     parser.add_argument("--master", default="local[2]", help="Spark master (ignored under spark-submit)")
     parser.add_argument("--ignore-null-updates", action="store_true",
                         help="a NULL in an update keeps the table's value (partial updates)")
@@ -411,10 +427,17 @@ def parse_args(argv: list[str] | None) -> tuple[IngestConfig | DatabaseConfig, s
     if args.unavailable_value is None:
         args.unavailable_value = debezium.UNAVAILABLE_VALUE
     spark_conf = _key_values(parser, "--spark-conf", args.spark_conf)
+    kafka_options = _key_values(parser, "--kafka-option", args.kafka_option)
+    try:
+        checked_kafka_options(kafka_options, args.source_format)
+    except ValueError as exc:
+        parser.error(f"--kafka-option: {exc}")
+    if args.source_format == CONNECTOR_FORMAT and "spark.jars.packages" not in spark_conf:
+        spark_conf = {**package_conf((KAFKA_CONNECTOR,)), **spark_conf}
     settings: dict[str, Any] = dict(  # ChangeSettings, the same in both modes
         dead_letter=args.dead_letter, available_now=args.available_now, processing_time=args.processing_time,
         max_offsets_per_trigger=args.max_offsets_per_trigger, starting_offsets=args.starting_offsets,
-        on_malformed=args.on_malformed, source_format=args.source_format,
+        on_malformed=args.on_malformed, source_format=args.source_format, kafka_options=kafka_options,
         extra_sequence=_names(args.sequence), storage_options=_key_values(parser, "--storage-option",
                                                                           args.storage_option),
         ignore_null_updates=args.ignore_null_updates, unavailable_value=args.unavailable_value or None,

@@ -34,12 +34,14 @@ records are both read from that copy (Kafka is read and JSON parsed once per rec
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import pyarrow as pa
 from pyspark.sql import Column, DataFrame, Observation, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import LongType, StringType, StructField, StructType
@@ -48,12 +50,14 @@ from streaming_merge.kafka.source import KafkaRange
 from streaming_merge.merge.materialize import release, storage_level
 from streaming_merge.spark.jvm import jvm_class
 from streaming_merge.spark.per_context import PerContext
+from streaming_merge.table.driver_rows import driver_rows
 
 log = logging.getLogger(__name__)
 
 __all__ = [
     "DEAD_LETTER_COLUMNS",
     "DELETE_WHEN",
+    "INLINE_DEAD_LETTER_BYTES",
     "METADATA_COLUMNS",
     "OFFSET",
     "OP",
@@ -80,6 +84,11 @@ DELETE_WHEN = f"{OP} = 'd'"
 TRUNCATE_WHEN = f"{OP} = 't'"
 METADATA_COLUMNS = (OP, POSITION, TS_MS, PARTITION, OFFSET)
 DEAD_LETTER_COLUMNS = ("key", "value", "error", "topic", "partition", "offset", "recorded_at")
+# A malformed record whose key and value hold at most this many bytes reaches the dead letter
+# from the batch job's observation (the driver receives it with the job's result); a larger
+# one is read from Kafka again by its offset, so that a batch of large malformed records does
+# not travel through the driver.
+INLINE_DEAD_LETTER_BYTES = 16 * 1024
 
 _CORRUPT = "__corrupt"
 # PERMISSIVE from_json returns a struct of NULLs (not NULL) for text that is not JSON or
@@ -153,7 +162,12 @@ def decode_batch(records: DataFrame, row_schema: StructType, keys: Sequence[str]
 class ObservedDecode:
     """Kafka records decoded inside whatever job first reads ``events`` (a sink's own copy of
     the batch), their counts observed there: no Spark job and no copy of the decode's own.
-    The counts may be asked once a job has read ``events``, never before (they would wait)."""
+    The counts may be asked once a job has read ``events``, never before (they would wait).
+
+    The same job observes the malformed records themselves (raw bytes, reason, coordinates)
+    when a record's key and value hold at most ``INLINE_DEAD_LETTER_BYTES``: their dead letters
+    are written from those values, without reading Kafka or decoding again. Only a larger one
+    is named by its coordinates (``malformed_ranges``) and read again."""
 
     events: DataFrame
     observation: Observation
@@ -165,8 +179,8 @@ class ObservedDecode:
         return int(observed["records"] or 0), int(observed["tombstones"] or 0), int(observed["malformed"] or 0)
 
     def malformed_ranges(self) -> list[KafkaRange]:
-        """The offsets of the batch's malformed records, as the least range of each partition
-        that holds them."""
+        """Where the batch's malformed records too large to be observed are, as the least range
+        of each partition that holds them (none in the common case)."""
         bounds: dict[tuple[str, int], tuple[int, int]] = {}
         for topic, partition, offset in self.observation.get["malformedAt"] or []:
             low, high = bounds.get((topic, partition), (offset, offset))
@@ -174,9 +188,23 @@ class ObservedDecode:
         return [KafkaRange(topic, partition, low, high + 1)
                 for (topic, partition), (low, high) in sorted(bounds.items())]
 
+    def observed_malformed(self, spark: SparkSession) -> DataFrame:
+        """The malformed records observed in the batch's job (dead-letter columns), held by the
+        driver: no Kafka read, no decode, and an append writes them without a Spark job."""
+        rows = self.observation.get["malformedRows"] or []
+        columns = list(zip(*rows, strict=True)) if rows else [()] * 6
+        arrow = pa.table([pa.array([None if v is None else bytes(v) for v in columns[0]], pa.binary()),
+                          pa.array([None if v is None else bytes(v) for v in columns[1]], pa.binary()),
+                          pa.array(columns[2], pa.string()), pa.array(columns[3], pa.string()),
+                          pa.array(columns[4], pa.int32()), pa.array(columns[5], pa.int64()),
+                          pa.array([dt.datetime.now(dt.UTC)] * len(rows), pa.timestamp("us", tz="UTC"))],
+                         names=list(DEAD_LETTER_COLUMNS))
+        return driver_rows(spark, arrow)
+
     def malformed(self, records: DataFrame) -> DataFrame:
-        """The malformed ones of ``records`` (dead-letter columns), decoded again."""
-        return self.plan.malformed(self.plan.decoded(records))
+        """The malformed ones of ``records`` (the ranges of :meth:`malformed_ranges`, read again)
+        that were too large to be observed, decoded again (dead-letter columns)."""
+        return self.plan.malformed(self.plan.decoded(records)).filter(~_inline(F.col("key"), F.col("value")))
 
 
 def decode_observed(records: DataFrame, row_schema: StructType, keys: Sequence[str] = (),
@@ -188,7 +216,8 @@ def decode_observed(records: DataFrame, row_schema: StructType, keys: Sequence[s
     copies again."""
     plan = _plan_for(records, row_schema, keys, truncates)
     observation = Observation()
-    staged = plan.stage(records).observe(observation, *plan.counts).filter(plan.not_tombstone)
+    staged = plan.stage(records).observe(observation, *plan.counts, *plan.malformed_observed).filter(
+        plan.not_tombstone)
     return ObservedDecode(events=plan.events(staged), observation=observation, plan=plan)
 
 
@@ -214,6 +243,7 @@ class _DecodePlan:
     events: Step
     malformed: Step
     counts: list[Column]
+    malformed_observed: list[Column]  # the malformed records, for decode_observed
     not_tombstone: Column
 
     def decoded(self, records: DataFrame) -> DataFrame:
@@ -245,10 +275,27 @@ def _plan_in(context: Any, row_schema: StructType, keys: Sequence[str], truncate
                           malformed=_malformed(),
                           counts=[F.count(F.lit(1)).alias("records"),
                                   F.count(F.when(F.col(_TOMBSTONE), 1)).alias("tombstones"),
-                                  F.count(F.when(F.col(_ERROR).isNotNull(), 1)).alias("malformed"),
-                                  F.collect_list(F.when(F.col(_ERROR).isNotNull(), F.struct(
-                                      F.col(_TOPIC), F.col(_PARTITION), F.col(_OFFSET)))).alias("malformedAt")],
+                                  F.count(F.when(F.col(_ERROR).isNotNull(), 1)).alias("malformed")],
+                          malformed_observed=_malformed_observed(),
                           not_tombstone=~F.col(_TOMBSTONE)))
+
+
+def _inline(key: Column, value: Column) -> Column:
+    """Whether a record is small enough for its dead letter to travel in the batch's observation."""
+    size = F.coalesce(F.octet_length(key), F.lit(0)) + F.coalesce(F.octet_length(value), F.lit(0))
+    return size <= F.lit(INLINE_DEAD_LETTER_BYTES)
+
+
+def _malformed_observed() -> list[Column]:
+    """The malformed records of the batch, observed in its job: the small ones whole (the
+    dead-letter columns but ``recorded_at``), the others by their coordinates alone."""
+    bad = F.col(_ERROR).isNotNull()
+    small = _inline(F.col(_KEY), F.col(_VALUE))
+    whole = F.struct(*[F.col(source).alias(name) for source, name in zip(
+        (_KEY, _VALUE, _ERROR, _TOPIC, _PARTITION, _OFFSET), DEAD_LETTER_COLUMNS, strict=False)])
+    return [F.collect_list(F.when(bad & small, whole)).alias("malformedRows"),
+            F.collect_list(F.when(bad & ~small, F.struct(F.col(_TOPIC), F.col(_PARTITION), F.col(_OFFSET))))
+            .alias("malformedAt")]
 
 
 def _events(row_schema: StructType) -> Step:

@@ -47,6 +47,7 @@ from streaming_merge.kafka._clients import (
     resolve_client_kind,
     translate_options,
 )
+from streaming_merge.kafka._clients.common import _METADATA_TIMEOUT_S
 from streaming_merge.spark.python_sources import register_data_source
 from streaming_merge.spark.startup_marks import mark
 
@@ -116,8 +117,12 @@ class KafkaOptions:
         kind = resolve_client_kind(lowered.get("kafka.client"))
         client_options = {k[len("kafka."):]: v for k, v in lowered.items()
                           if k.startswith("kafka.") and k not in ("kafka.bootstrap.servers", "kafka.client")}
+        api_timeout = client_options.pop("default.api.timeout.ms", str(int(_METADATA_TIMEOUT_S * 1000))).strip()
+        if not api_timeout.isdigit() or int(api_timeout) <= 0:
+            raise KafkaSourceError(f"kafka.default.api.timeout.ms must be a positive integer, got {api_timeout!r}.")
         client = ClientSpec(kind=kind, bootstrap_servers=servers, settings=translate_options(kind, client_options),
-                            group_id_prefix=lowered.get("groupidprefix", "spark-kafka-source"))
+                            group_id_prefix=lowered.get("groupidprefix", "spark-kafka-source"),
+                            metadata_timeout_s=int(api_timeout) / 1000)
         return cls(
             bootstrap_servers=servers,
             topics=tuple(t.strip() for t in (subscribe or "").split(",") if t.strip()),

@@ -5,8 +5,8 @@ modules, and it starts a Python process of its own for that: 0.7-0.8 s here, on 
 path of every start and restart of a job whose source is a Python data source. When the
 interpreter Spark would start is the driver's own and nothing on its path could be such a
 module, that search can only find nothing, so we give Spark that answer instead. In any other
-case (another interpreter, extra Python files for the workers, a ``pyspark_*`` module present)
-Spark searches as it always does.
+case (another interpreter, a remote Python file for the workers, a ``pyspark_*`` module on the
+path or in a local Python file or jar) Spark searches as it always does.
 """
 
 from __future__ import annotations
@@ -51,13 +51,30 @@ def _lookup_would_find_nothing(spark: SparkSession) -> bool:
     """True when Spark's lookup would run this interpreter on no more than this process's path,
     and that path holds no ``pyspark_*`` module."""
     conf = spark.sparkContext.getConf()
-    if conf.get("spark.submit.pyFiles") or conf.get("spark.pyspark.python"):
+    if conf.get("spark.pyspark.python"):
+        return False
+    extra_paths = _local_python_files(conf.get("spark.submit.pyFiles") or "")
+    if extra_paths is None:
         return False
     system = jvm_class(spark, "java.lang.System")
     worker_python = system.getenv("PYSPARK_PYTHON") or system.getenv("PYSPARK_DRIVER_PYTHON") or "python3"
     if not _same_interpreter(worker_python):
         return False
-    return not any(module.name.startswith(_INSTALLED_PREFIX) for module in pkgutil.iter_modules())
+    modules = [*pkgutil.iter_modules(), *pkgutil.iter_modules(extra_paths)]
+    return not any(module.name.startswith(_INSTALLED_PREFIX) for module in modules)
+
+
+def _local_python_files(py_files: str) -> list[str] | None:
+    """The local paths of ``spark.submit.pyFiles`` (``--packages`` puts its jars there), which
+    the lookup's worker would have on its path; None when one is remote or missing, since its
+    contents cannot be listed here."""
+    paths = []
+    for entry in filter(None, (part.strip() for part in py_files.split(","))):
+        path = entry.removeprefix("file://") if entry.startswith("file://") else entry
+        if "://" in path or not os.path.exists(path):
+            return None
+        paths.append(path)
+    return paths
 
 
 def _same_interpreter(command: str) -> bool:

@@ -11,9 +11,10 @@ from pyspark.sql import functions as F
 from streaming_merge.errors import DeltaTableError
 from streaming_merge.table.commit import CommitRequest, commit
 from streaming_merge.table.create import create_table
+from streaming_merge.table.driver_rows import delete_from_driver, held_rows, write_from_driver
 from streaming_merge.table.location import TableLocation, TableRef, resolve
 from streaming_merge.table.snapshot import Snapshot, check_writable, load_snapshot, table_exists
-from streaming_merge.table.write import delete_written, write_files
+from streaming_merge.table.write import WrittenFile, delete_written, write_files
 
 
 def recorded_now(now: dt.datetime | None = None) -> Column:
@@ -47,6 +48,16 @@ def append_rows(spark: SparkSession, df: DataFrame, path: TableRef, app_id: str,
     applied = snapshot.transaction_version(app_id)
     if applied is not None and applied >= version:
         return None
+    held = held_rows(df, snapshot)
+    if held is not None:  # rows the driver holds: one file, no Spark job
+        if not held.num_rows:
+            return _commit_append(snapshot, [], app_id, version)
+        file, store = write_from_driver(location, held, snapshot.schema)
+        try:
+            return _commit_append(snapshot, [file], app_id, version)
+        except BaseException:
+            delete_from_driver(store, file)
+            raise
     # One file per append: these are a micro-batch's side rows (its deletes, its dead letters),
     # few, and written with the batch's partitioning they made one tiny file per partition,
     # which every later tombstone lookup had to open.
@@ -56,14 +67,18 @@ def append_rows(spark: SparkSession, df: DataFrame, path: TableRef, app_id: str,
     written = write_files(spark, rows if df.columns == names else rows.select(*[f"`{n}`" for n in names]),
                           location, snapshot.schema, snapshot.partition_columns)
     try:
-        return commit(CommitRequest(snapshot=snapshot, adds=written, removes=[], operation="WRITE",
-                                    operation_parameters={"mode": "Append"},
-                                    operation_metrics={"numFiles": len(written),
-                                                       "numOutputRows": sum(w.num_records for w in written)},
-                                    app_id=app_id, app_version=version))
+        return _commit_append(snapshot, written, app_id, version)
     except BaseException:
         delete_written(spark, location, written)
         raise
+
+
+def _commit_append(snapshot: Snapshot, written: list[WrittenFile], app_id: str, version: int) -> int:
+    return commit(CommitRequest(snapshot=snapshot, adds=written, removes=[], operation="WRITE",
+                                operation_parameters={"mode": "Append"},
+                                operation_metrics={"numFiles": len(written),
+                                                   "numOutputRows": sum(w.num_records for w in written)},
+                                app_id=app_id, app_version=version))
 
 
 def _create_unless_created_meanwhile(spark: SparkSession, df: DataFrame, location: TableLocation) -> None:

@@ -33,12 +33,13 @@ ROOT = Path(__file__).resolve().parents[2]
 TIMEOUT_S = 600.0  # a guard against hangs, not a synchronisation
 
 
-def run_app(workdir: Path, bootstrap: str, pattern: str, limit: int, kill_at: str | None
-            ) -> subprocess.CompletedProcess[str]:
+def run_app(workdir: Path, bootstrap: str, pattern: str, limit: int, kill_at: str | None,
+            source_format: str = "kafka_py") -> subprocess.CompletedProcess[str]:
     command = [sys.executable, "-m", "tests.streaming_support.database_ingest_app", "--bootstrap-servers", bootstrap,
                "--subscribe-pattern", pattern, "--target-root", str(workdir / "lake"),
                "--checkpoint", str(workdir / "checkpoint"), "--dead-letter", str(workdir / "dead_letter"),
-               "--max-offsets-per-trigger", str(limit), "--progress", str(workdir / "events.jsonl")]
+               "--max-offsets-per-trigger", str(limit), "--progress", str(workdir / "events.jsonl"),
+               "--source-format", source_format]
     if kill_at:
         command += ["--kill-at", kill_at]
     return subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=TIMEOUT_S,
@@ -51,8 +52,9 @@ def app_events(workdir: Path) -> list[dict[str, Any]]:
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("source_format", ["kafka_py", "kafka"])  # ours, Spark's connector
 def test_three_tables_one_query_exactly_once_across_a_sigkill_between_two_tables(
-        tmp_path: Path, kafka_broker: KafkaBrokerClient, kafka_topic: Callable[..., str]) -> None:
+        tmp_path: Path, kafka_broker: KafkaBrokerClient, kafka_topic: Callable[..., str], source_format: str) -> None:
     prefix = f"db{uuid.uuid4().hex[:8]}"
     data = inventory.generate(events_per_table=12, keys_per_table=5, seed=41)
     topics: dict[str, str] = {}
@@ -68,7 +70,7 @@ def test_three_tables_one_query_exactly_once_across_a_sigkill_between_two_tables
     paths = {table: str(tmp_path / "lake" / "inventory" / topics[table].split(".")[-1]) for table in topics}
     first, *rest = sorted(paths, key=lambda t: paths[t])
 
-    killed = run_app(tmp_path, kafka_broker.bootstrap_servers, pattern, limit, "1:1")
+    killed = run_app(tmp_path, kafka_broker.bootstrap_servers, pattern, limit, "1:1", source_format)
     assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
     before = app_events(tmp_path)
     assert [e["batchId"] for e in before if e["event"] == "batch"] == [0]
@@ -77,7 +79,7 @@ def test_three_tables_one_query_exactly_once_across_a_sigkill_between_two_tables
     for table in rest:
         assert deltalake.DeltaTable(paths[table]).transaction_version(before[0]["appId"]) == 0
 
-    restarted = run_app(tmp_path, kafka_broker.bootstrap_servers, pattern, limit, None)
+    restarted = run_app(tmp_path, kafka_broker.bootstrap_servers, pattern, limit, None, source_format)
     assert restarted.returncode == 0, restarted.stderr[-3000:]
     after = app_events(tmp_path)[len(before):]
     assert [e["batchId"] for e in after if e["event"] == "batch"] == [1], "only the killed batch is replayed"

@@ -1,5 +1,6 @@
 """End to end through the Kafka CDC ingestion job (``jobs.kafka_cdc_ingest``) against the
-session's broker: Debezium topics → the ``kafka_py`` source → decode → MergeSink → Delta.
+session's broker: Debezium topics → the ``kafka_py`` source → decode → MergeSink → Delta. The
+SIGKILL test runs with Spark's own connector too (``--source-format kafka``).
 
 What is checked, and why here rather than in unit tests: the guarantees only hold when
 Spark's offset log, the sink's Delta transactions and the dead-letter appends work
@@ -169,15 +170,15 @@ def failure_text(exc: BaseException) -> str:
 # ------------------------------------------------------------------------------ exactly once across SIGKILL
 
 
-def run_app(workdir: Path, bootstrap: str, topic: str, limit: int, kill_at: str | None
-            ) -> subprocess.CompletedProcess[str]:
+def run_app(workdir: Path, bootstrap: str, topic: str, limit: int, kill_at: str | None,
+            source_format: str = "kafka_py") -> subprocess.CompletedProcess[str]:
     """The job in a fresh interpreter and JVM (its own session, so its process-group kill
     takes nothing else with it)."""
     command = [sys.executable, "-m", "tests.streaming_support.kafka_ingest_app",
                "--bootstrap-servers", bootstrap, "--topic", topic, "--target", str(workdir / "orders"),
                "--checkpoint", str(workdir / "checkpoint"), "--dead-letter", str(workdir / "dead_letter"),
                "--keys", ORDER_KEY, "--row-schema", ORDERS["schema"], "--max-offsets-per-trigger", str(limit),
-               "--progress", str(workdir / "events.jsonl")]
+               "--progress", str(workdir / "events.jsonl"), "--source-format", source_format]
     if kill_at:
         command += ["--kill-at", kill_at]
     return subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=QUERY_TIMEOUT_S,
@@ -190,8 +191,9 @@ def app_events(workdir: Path) -> list[dict[str, Any]]:
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("source_format", ["kafka_py", "kafka"])  # ours, Spark's connector
 def test_exactly_once_across_sigkills_and_restarts(tmp_path: Path, kafka_broker: KafkaBrokerClient,
-                                                   kafka_topic: Callable[..., str]) -> None:
+                                                   kafka_topic: Callable[..., str], source_format: str) -> None:
     """Three lives, two kills in one batch with malformed records: ``after_dead_letter`` (its
     dead-letter rows committed, its MERGE not: the restart must apply the MERGE and skip the
     dead-letter append), then, in the restart's replay of that batch, ``after_commit`` (the
@@ -208,7 +210,7 @@ def test_exactly_once_across_sigkills_and_restarts(tmp_path: Path, kafka_broker:
     def life(kill_at: str | None) -> list[dict[str, Any]]:
         """One run of the job; its events."""
         seen = len(app_events(tmp_path))
-        ended = run_app(tmp_path, kafka_broker.bootstrap_servers, topic, limit, kill_at)
+        ended = run_app(tmp_path, kafka_broker.bootstrap_servers, topic, limit, kill_at, source_format)
         assert ended.returncode == (-signal.SIGKILL if kill_at else 0), ended.stderr[-3000:]
         return app_events(tmp_path)[seen:]
 

@@ -24,7 +24,7 @@ from pyspark.sql.types import LongType, StringType, StructField, StructType
 
 import jobs.kafka_cdc_ingest as job
 from streaming_merge.kafka import debezium
-from streaming_merge.kafka.source import SCHEMA, KafkaRange
+from streaming_merge.kafka.source import SCHEMA
 from streaming_merge.merge.materialize import checkpoint_rdd_id
 from streaming_merge.spark.profile import profiling
 from tests.job_count import jobs_of
@@ -132,19 +132,20 @@ def test_lazy_decode_gives_the_same_frames(spark: SparkSession) -> None:
 
 
 def test_a_decode_observed_by_its_readers_job_counts_and_finds_the_malformed_records(spark: SparkSession) -> None:
-    """decode_observed: the events' first reader's job decodes and counts; the malformed
-    records' offsets, as ranges, are enough to decode them again from those records alone."""
+    """decode_observed: the events' first reader's job decodes and counts, and observes the
+    malformed records themselves (small ones: all of these), so that nothing is read again."""
     records = kafka_records(spark)
     decode = debezium.decode_observed(records, ROW_SCHEMA, keys=["id"])
     jobs, events = jobs_of(spark, lambda: decode.events.collect())
     assert jobs == 1
     assert sorted(tuple(r) for r in events) == sorted(expected_events())
     assert decode.counts() == (len(GOOD) + len(MALFORMED), 1, len(MALFORMED))
-    offsets = [o for o, *_ in MALFORMED]
-    assert decode.malformed_ranges() == [KafkaRange(TOPIC, 2, min(offsets), max(offsets) + 1)]
-    again = records.filter(F.col("partition") == 2)  # what reading that range from Kafka returns
-    assert sorted((r["offset"], r["error"]) for r in decode.malformed(again).collect()) == \
-        [(o, e) for o, _, _, e in MALFORMED]
+    assert decode.malformed_ranges() == [], "no record too large to be observed"
+    observed, dead = jobs_of(spark, lambda: decode.observed_malformed(spark).collect())
+    assert observed == 0, "the observed dead letters are the driver's rows"
+    assert sorted((r["partition"], r["offset"], r["error"]) for r in dead) == [(2, o, e) for o, _, _, e in MALFORMED]
+    again = records.filter(F.col("partition") == 2)  # a re-read returns only records too large to be observed
+    assert decode.malformed(again).collect() == []
 
 
 def test_the_decode_is_one_job_and_both_frames_read_its_copy(spark: SparkSession) -> None:

@@ -4,9 +4,11 @@ and decoded, and the decode plan built before the first batch (debezium.prepare_
 
 from __future__ import annotations
 
+import zipfile
 from pathlib import Path
 
 import pytest
+from pyspark import SparkConf
 from pyspark.sql import SparkSession
 from pyspark.sql.types import StructType
 
@@ -75,3 +77,24 @@ def test_sparks_search_runs_as_usual_when_it_could_find_an_installed_source(
     monkeypatch.undo()
     monkeypatch.setattr(python_sources, "_same_interpreter", lambda command: False)
     assert not python_sources._lookup_would_find_nothing(spark), "another interpreter may see other modules"
+
+
+def test_sparks_search_runs_as_usual_when_a_python_file_for_the_workers_could_hold_a_source(
+        spark: SparkSession, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``--packages`` lists its jars in ``spark.submit.pyFiles``: local archives without a
+    ``pyspark_*`` module keep the answer, one with such a module or a remote file does not."""
+    plain, installed = tmp_path / "plain.jar", tmp_path / "installed.zip"
+    with zipfile.ZipFile(plain, "w") as archive:
+        archive.writestr("io/delta/Some.class", b"")
+    with zipfile.ZipFile(installed, "w") as archive:
+        archive.writestr("pyspark_in_an_archive.py", "")
+    real_conf = spark.sparkContext.getConf()
+
+    def with_py_files(py_files: str) -> bool:
+        conf = SparkConf(loadDefaults=False).setAll(real_conf.getAll()).set("spark.submit.pyFiles", py_files)
+        monkeypatch.setattr(spark.sparkContext, "getConf", lambda: conf)
+        return python_sources._lookup_would_find_nothing(spark)
+
+    assert with_py_files(f"file://{plain}")
+    assert not with_py_files(f"{plain},{installed}")
+    assert not with_py_files(f"{plain},hdfs://namenode/libs/unlisted.zip")

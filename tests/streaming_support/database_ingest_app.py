@@ -26,6 +26,7 @@ from typing import Any
 
 from jobs._database import DatabaseConfig, start_database
 from streaming_merge.session import local_session
+from streaming_merge.spark.packages import KAFKA_CONNECTOR, package_conf
 
 
 def _append_line(path: str, record: dict[str, Any]) -> None:
@@ -43,6 +44,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dead-letter", required=True)
     parser.add_argument("--max-offsets-per-trigger", type=int, required=True)
     parser.add_argument("--progress", required=True)
+    parser.add_argument("--source-format", default="kafka_py", help="kafka_py, or kafka: Spark's connector")
     parser.add_argument("--kill-at", default=None, help="BATCH:TABLES")
     args = parser.parse_args(argv)
     kill_batch, kill_tables = (int(x) for x in args.kill_at.split(":")) if args.kill_at else (-1, -1)
@@ -62,11 +64,13 @@ def main(argv: list[str] | None = None) -> int:
     def on_batch(progress: dict[str, Any]) -> None:
         _append_line(args.progress, {"event": "batch", **{k: v for k, v in progress.items() if k != "tables"}})
 
-    spark = local_session("database-ingest-app", "local[2]", shuffle_partitions=2, short_run=True)
+    conf = package_conf((KAFKA_CONNECTOR,)) if args.source_format == "kafka" else {}
+    spark = local_session("database-ingest-app", "local[2]", shuffle_partitions=2, short_run=True, extra_conf=conf)
     config = DatabaseConfig(
         bootstrap_servers=args.bootstrap_servers, subscribe_pattern=args.subscribe_pattern,
         target_root=args.target_root, checkpoint=args.checkpoint, dead_letter=args.dead_letter, available_now=True,
-        max_offsets_per_trigger=args.max_offsets_per_trigger, starting_offsets="earliest")
+        max_offsets_per_trigger=args.max_offsets_per_trigger, starting_offsets="earliest",
+        source_format=args.source_format)
     query = start_database(spark, config, on_progress=on_batch, on_table_progress=on_table)
     query.awaitTermination()
     spark.stop()

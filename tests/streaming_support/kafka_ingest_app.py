@@ -35,6 +35,7 @@ from typing import Any
 
 import jobs.kafka_cdc_ingest as job
 from streaming_merge.session import local_session
+from streaming_merge.spark.packages import KAFKA_CONNECTOR, package_conf
 from tests.streaming_support.cluster import cluster_report, write_json
 
 
@@ -55,6 +56,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--row-schema", required=True)
     parser.add_argument("--max-offsets-per-trigger", type=int, required=True)
     parser.add_argument("--progress", required=True)
+    parser.add_argument("--source-format", default="kafka_py", help="kafka_py, or kafka: Spark's connector")
     parser.add_argument("--kill-at", default=None, help="PHASE:BATCH, PHASE in after_dead_letter, after_commit")
     parser.add_argument("--master", default="local[2]")
     parser.add_argument("--report", default=None, help="JSON file: the cluster's executors at the end")
@@ -83,12 +85,13 @@ def main(argv: list[str] | None = None) -> int:
         _append_line(args.progress, {"event": "merge", **progress})
         die_if("after_commit", int(progress["batchId"]))
 
-    spark = local_session("kafka-ingest-app", args.master, shuffle_partitions=2, short_run=True)
+    conf = package_conf((KAFKA_CONNECTOR,)) if args.source_format == "kafka" else {}
+    spark = local_session("kafka-ingest-app", args.master, shuffle_partitions=2, short_run=True, extra_conf=conf)
     config = job.IngestConfig(
         bootstrap_servers=args.bootstrap_servers, topics=args.topic, target=args.target,
         keys=[k for k in args.keys.split(",") if k], checkpoint=args.checkpoint, dead_letter=args.dead_letter,
         row_schema=args.row_schema, available_now=True, max_offsets_per_trigger=args.max_offsets_per_trigger,
-        starting_offsets="earliest")
+        starting_offsets="earliest", source_format=args.source_format)
     query = job.start(spark, config, on_progress=on_progress)
     query.awaitTermination()
     if args.report:

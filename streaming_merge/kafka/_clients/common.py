@@ -199,21 +199,78 @@ _KAFKA_PYTHON_OPTIONS: Mapping[str, tuple[str, Callable[[str, str], Any]]] = {
     "isolation.level": ("isolation_level", _enum("read_uncommitted", "read_committed", upper=False)),
 }
 
-_JAAS_MODULES = ("org.apache.kafka.common.security.plain.PlainLoginModule",
-                 "org.apache.kafka.common.security.scram.ScramLoginModule")
+_PLAIN_MODULE = "org.apache.kafka.common.security.plain.PlainLoginModule"
+_SCRAM_MODULE = "org.apache.kafka.common.security.scram.ScramLoginModule"
+# The mechanisms each JAAS login module serves (Kafka's default sasl.mechanism is GSSAPI).
+_JAAS_MECHANISMS = {_PLAIN_MODULE: ("PLAIN",), _SCRAM_MODULE: ("SCRAM-SHA-256", "SCRAM-SHA-512")}
+SASL_MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512", "GSSAPI", "OAUTHBEARER")
+# Java keystore options (mutual TLS): librdkafka reads a PKCS12 keystore itself, kafka-python none.
+_KEYSTORE_OPTIONS = ("ssl.keystore.location", "ssl.keystore.password", "ssl.keystore.type",
+                     "ssl.keystore.key", "ssl.keystore.certificate.chain")
 
 
-def _jaas_credentials(value: str) -> tuple[str, str]:
+def _jaas_credentials(value: str, mechanism: str | None) -> tuple[str, str]:
     """username and password of a PLAIN or SCRAM ``sasl.jaas.config`` (the Java way Spark
     users pass credentials); neither Python client reads JAAS, both take the pair."""
     module = value.strip().split(None, 1)[0] if value.strip() else ""
     fields = dict(re.findall(r'(\w+)\s*=\s*"((?:[^"\\]|\\.)*)"', value))
-    if module not in _JAAS_MODULES or "username" not in fields or "password" not in fields:
+    if module not in _JAAS_MECHANISMS or "username" not in fields or "password" not in fields:
         raise KafkaSourceError(
             "Option 'kafka.sasl.jaas.config' can only be translated for PlainLoginModule or ScramLoginModule "
             "with username=\"...\" and password=\"...\"; for other mechanisms set the client's own options "
             "(kafka.sasl.username, kafka.sasl.password, kafka.sasl.mechanism, ...).")
+    allowed = _JAAS_MECHANISMS[module]
+    if mechanism is None or mechanism.strip().upper() not in allowed:
+        raise KafkaSourceError(
+            f"Option 'kafka.sasl.jaas.config' uses {module.rsplit('.', 1)[-1]}: set kafka.sasl.mechanism to "
+            f"{' or '.join(allowed)} (got {mechanism!r}; Kafka's default is GSSAPI).")
     return fields["username"], fields["password"]
+
+
+def _checked_mechanism(kind: str, options: Mapping[str, str]) -> str | None:
+    mechanism = options.get("sasl.mechanism", options.get("sasl.mechanisms"))
+    if mechanism is None:
+        return None
+    normal = mechanism.strip().upper()
+    if normal not in SASL_MECHANISMS:
+        raise KafkaSourceError(f"Option 'kafka.sasl.mechanism' must be one of {', '.join(SASL_MECHANISMS)}, "
+                               f"got {mechanism!r}.")
+    if kind == KAFKA_PYTHON and normal == "OAUTHBEARER":
+        raise KafkaSourceError("Option 'kafka.sasl.mechanism=OAUTHBEARER' cannot be translated for kafka-python "
+                               "(it takes a token provider object, not options); use kafka.client=confluent with "
+                               "librdkafka's sasl.oauthbearer.* options, or Spark's connector.")
+    return mechanism
+
+
+def _security_settings(kind: str, options: dict[str, str]) -> dict[str, Any]:
+    """The options that differ between Java and the Python clients (JAAS credentials, Java
+    truststores and keystores), translated and taken out of ``options``."""
+    from streaming_merge.kafka._clients.truststore import parse_truststore  # it imports this module
+
+    settings: dict[str, Any] = {}
+    mechanism = _checked_mechanism(kind, options)
+    jaas = options.pop("sasl.jaas.config", None)
+    if jaas is not None:
+        user, password = _jaas_credentials(jaas, mechanism)
+        settings.update({"sasl.username": user, "sasl.password": password} if kind == CONFLUENT
+                        else {"sasl_plain_username": user, "sasl_plain_password": password})
+    truststore = parse_truststore(options)
+    if truststore is not None:
+        if "ssl.ca.location" in options:
+            raise KafkaSourceError("Set one of 'kafka.ssl.truststore.location' and 'kafka.ssl.ca.location'.")
+        settings["ssl.ca.location" if kind == CONFLUENT else "ssl_cafile"] = truststore
+    keystore = {name: options.pop(name) for name in _KEYSTORE_OPTIONS if name in options}
+    if keystore:
+        store_type = keystore.pop("ssl.keystore.type", "JKS").strip().upper()
+        if kind != CONFLUENT or store_type != "PKCS12" or set(keystore) - {"ssl.keystore.location",
+                                                                           "ssl.keystore.password"}:
+            name = "ssl.keystore.type" if kind == CONFLUENT and store_type != "PKCS12" else sorted(keystore)[0]
+            raise KafkaSourceError(
+                f"Option 'kafka.{name}' cannot be translated for {kind}: a client certificate (mutual TLS) is "
+                "read from a PKCS12 keystore by kafka.client=confluent only; otherwise give it as PEM files "
+                "(kafka.ssl.certificate.location, kafka.ssl.key.location, kafka.ssl.key.password).")
+        settings.update(keystore)  # librdkafka's ssl.keystore.location/.password are Java's, for PKCS12
+    return settings
 
 
 def translate_options(kind: str, options: Mapping[str, str]) -> tuple[tuple[str, Any], ...]:
@@ -224,18 +281,15 @@ def translate_options(kind: str, options: Mapping[str, str]) -> tuple[tuple[str,
     pass through (after renaming the few Java-only spellings) and librdkafka itself rejects
     unknown names and bad values when the consumer is created. kafka-python takes keyword
     arguments: the common names are mapped and anything else is refused here, never dropped.
+    Java's JAAS credentials, truststores and keystores are translated for both
+    (``_security_settings``); a truststore becomes a PEM file where the consumer is built.
     """
-    settings: dict[str, Any] = {}
-    for raw_name, value in options.items():
-        name = raw_name.lower()
+    remaining = {name.lower(): value for name, value in options.items()}
+    for name in remaining:
         if name in SPARK_MANAGED_OPTIONS:
             raise KafkaSourceError(f"Kafka option '{name}' is not supported: {SPARK_MANAGED_OPTIONS[name]}.")
-        if name == "sasl.jaas.config":
-            user, password = _jaas_credentials(value)
-            pairs = ({"sasl.username": user, "sasl.password": password} if kind == CONFLUENT
-                     else {"sasl_plain_username": user, "sasl_plain_password": password})
-            settings.update(pairs)
-            continue
+    settings = _security_settings(kind, remaining)
+    for name, value in remaining.items():
         if kind == CONFLUENT:
             settings[_CONFLUENT_RENAMES.get(name, name)] = value
             continue
@@ -244,10 +298,11 @@ def translate_options(kind: str, options: Mapping[str, str]) -> tuple[tuple[str,
             raise KafkaSourceError(
                 f"Kafka option 'kafka.{name}' cannot be passed to kafka-python (kafka.client=kafka-python); "
                 f"supported: {', '.join('kafka.' + n for n in sorted(_KAFKA_PYTHON_OPTIONS))}, "
-                "kafka.sasl.jaas.config. Use kafka.client=confluent for any librdkafka property.")
+                "kafka.sasl.jaas.config, kafka.ssl.truststore.*. Use kafka.client=confluent for any librdkafka "
+                "property.")
         keyword, convert = mapped
         settings[keyword] = convert(name, value)
-    return tuple(sorted(settings.items()))
+    return tuple(sorted(settings.items(), key=lambda item: item[0]))
 
 
 @dataclass(frozen=True)
@@ -259,6 +314,8 @@ class ClientSpec:
     bootstrap_servers: str
     settings: tuple[tuple[str, Any], ...] = field(default=(), repr=False)  # may hold credentials
     group_id_prefix: str = "spark-kafka-source"
+    # How long the driver's metadata calls wait (kafka.default.api.timeout.ms, as the Java client)
+    metadata_timeout_s: float = _METADATA_TIMEOUT_S
 
     def describe(self) -> str:
         return f"{self.kind} at {self.bootstrap_servers}"

@@ -4,8 +4,10 @@ imported inside the functions only: an executor without it still reads with kafk
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import uuid
+from collections import deque
 from collections.abc import Sequence
 from typing import Any
 
@@ -20,6 +22,7 @@ from streaming_merge.kafka._clients.common import (
     log,
 )
 from streaming_merge.kafka._clients.reader import PartitionReader
+from streaming_merge.kafka._clients.truststore import resolved
 
 
 def _confluent_config(spec: ClientSpec, role: str) -> dict[str, Any]:
@@ -47,13 +50,42 @@ def _confluent_config(spec: ClientSpec, role: str) -> dict[str, Any]:
     if role == "executor":
         config["enable.partition.eof"] = True
         config["fetch.wait.max.ms"] = EXECUTOR_FETCH_WAIT_MS
-    config.update(dict(spec.settings))
+    config.update(resolved(dict(spec.settings)))
     return config
 
 
-def new_consumer(spec: ClientSpec, role: str) -> Any:
-    """A confluent-kafka consumer of ``spec`` for ``role`` (``driver`` or ``executor``)."""
-    return build_consumer(spec, lambda module: module.Consumer(_confluent_config(spec, role)))
+class ConnectionErrors:
+    """librdkafka's error events of one consumer (its ``error_cb``): why a call failed. A
+    failed metadata call says only "Broker transport failure"; the events name the broker and
+    the cause (authentication failed, connection refused, certificate not trusted...)."""
+
+    def __init__(self) -> None:
+        self.events: deque[Any] = deque(maxlen=16)
+
+    def __call__(self, error: Any) -> None:
+        self.events.append(error)
+
+    def cause(self, consumer: Any) -> str | None:
+        """The first event that is not the summary "all brokers are down", after serving the
+        consumer's pending events (error_cb runs only inside poll)."""
+        with contextlib.suppress(Exception):
+            consumer.poll(0)
+        for error in self.events:
+            if error.name() != "_ALL_BROKERS_DOWN":
+                return str(error.str())
+        return str(self.events[0].str()) if self.events else None
+
+
+def new_consumer(spec: ClientSpec, role: str, errors: ConnectionErrors | None = None) -> Any:
+    """A confluent-kafka consumer of ``spec`` for ``role`` (``driver`` or ``executor``);
+    ``errors`` collects its error events."""
+    def construct(module: Any) -> Any:
+        config = _confluent_config(spec, role)
+        if errors is not None:
+            config["error_cb"] = errors
+        return module.Consumer(config)
+
+    return build_consumer(spec, construct)
 
 
 def topics(consumer: Any, timeout_s: float) -> dict[str, list[int]]:

@@ -4,6 +4,8 @@ without it still reads with confluent-kafka."""
 
 from __future__ import annotations
 
+import logging
+import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -16,6 +18,7 @@ from streaming_merge.kafka._clients.common import (
     build_consumer,
 )
 from streaming_merge.kafka._clients.reader import PartitionReader
+from streaming_merge.kafka._clients.truststore import resolved
 
 
 def _kafka_python_config(spec: ClientSpec) -> dict[str, Any]:
@@ -28,14 +31,44 @@ def _kafka_python_config(spec: ClientSpec) -> dict[str, Any]:
         "max_poll_records": _FETCH_RECORDS,
         "max_partition_fetch_bytes": 8 << 20,
         "fetch_max_bytes": 64 << 20,
+        # How long the constructor tries to reach a broker (it connects at once)
+        "bootstrap_timeout_ms": max(1, int(spec.metadata_timeout_s * 1000)),
     }
-    config.update(dict(spec.settings))
+    config.update(resolved(dict(spec.settings)))
     return config
+
+
+class _ConnectionFailures(logging.Handler):
+    """What kafka-python logs about failed connections while a consumer is built: its
+    constructor raises only "Unable to bootstrap", the log says why (authentication failed,
+    connection refused, certificate not trusted...)."""
+
+    _CAUSE = re.compile(r"(?:Connection lost|Bootstrap connection to \S+ failed|Connection failed): (.+?)"
+                        r"(?: \(backoff [^)]*\))?$")
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.causes: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        match = self._CAUSE.search(record.getMessage())
+        if match and match.group(1) not in self.causes:
+            self.causes.append(match.group(1))
 
 
 def new_consumer(spec: ClientSpec, role: str) -> Any:
     """A kafka-python consumer of ``spec`` (the same for the driver and the executors)."""
-    return build_consumer(spec, lambda module: module.KafkaConsumer(**_kafka_python_config(spec)))
+    failures = _ConnectionFailures()
+    logger = logging.getLogger("kafka")
+    logger.addHandler(failures)
+    try:
+        return build_consumer(spec, lambda module: module.KafkaConsumer(**_kafka_python_config(spec)))
+    except KafkaSourceError as exc:
+        if not failures.causes:
+            raise
+        raise KafkaSourceError(f"{exc} (cause: {'; '.join(failures.causes[:3])})") from exc.__cause__
+    finally:
+        logger.removeHandler(failures)
 
 
 def topics(consumer: Any, timeout_s: float) -> dict[str, list[int]]:
