@@ -66,7 +66,10 @@ class MergeAssignmentOverflowError(MergeError):
 class MultipleSourceRowMatchingTargetRowError(MergeError):
     """Raised when two or more source rows match one target row and the MERGE would update
     or delete it ambiguously. ``offending_rows`` holds up to ten (join-key values, match
-    count) pairs so the duplicates can be found in the source."""
+    count) pairs so the duplicates can be found in the source. ``error_class`` is Delta Lake's
+    error condition for the same error, for code that handles both engines' errors."""
+
+    error_class = "DELTA_MULTIPLE_SOURCE_ROW_MATCHING_TARGET_ROW_IN_MERGE"
 
     def __init__(self, message: str, offending_rows: list[tuple[dict[str, object], int]]):
         super().__init__(message)

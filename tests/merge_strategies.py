@@ -71,10 +71,12 @@ class MergeStep:
     source_columns: tuple[str, ...]
     on: Expr
     clauses: tuple[Clause, ...]
+    schema_evolution: bool = False  # withSchemaEvolution(): ``*`` adds the source's extra column x
 
     def __repr__(self) -> str:
         rows = "\n".join(f"    {r}" for r in self.source)
-        return f"{merge_sql(self.on, self.clauses)}\n  source columns {self.source_columns}:\n{rows}"
+        evolution = " (WITH SCHEMA EVOLUTION)" if self.schema_evolution else ""
+        return f"{merge_sql(self.on, self.clauses)}{evolution}\n  source columns {self.source_columns}:\n{rows}"
 
 
 @dataclass(frozen=True)
@@ -174,8 +176,10 @@ def clause_lists(draw: st.DrawFn, *, allow_invalid: bool = False) -> tuple[Claus
 
 
 @st.composite
-def merge_steps(draw: st.DrawFn) -> MergeStep:
-    """A source batch, an ON condition and a clause list (rarely a possibly invalid one).
+def merge_steps(draw: st.DrawFn, *, schema_evolution: bool = False) -> MergeStep:
+    """A source batch, an ON condition and a clause list (rarely a possibly invalid one); with
+    ``schema_evolution``, one step in three evolves the schema (the model knows no evolution, so
+    only the Delta oracle asks for it).
 
     The batch is empty only about one time in ten (left to itself hypothesis draws many empty
     lists, and an empty batch is one edge case, not a fifth of the test)."""
@@ -186,12 +190,13 @@ def merge_steps(draw: st.DrawFn) -> MergeStep:
     if draw(st.booleans()):
         columns.remove("x")
     allow_invalid = draw(st.integers(0, 19)) == 0
+    evolve = schema_evolution and draw(st.integers(0, 2)) == 0
     return MergeStep(tuple(source), tuple(columns), draw(st.sampled_from(ON_CONDITIONS)),
-                     draw(clause_lists(allow_invalid=allow_invalid)))
+                     draw(clause_lists(allow_invalid=allow_invalid)), evolve)
 
 
 @st.composite
-def merge_cases(draw: st.DrawFn) -> MergeCase:
+def merge_cases(draw: st.DrawFn, *, schema_evolution: bool = False) -> MergeCase:
     """A target table and one merge, or (one time in four) two merges in sequence."""
     step_count = 2 if draw(st.integers(0, 3)) == 0 else 1
     min_size = 0 if draw(st.integers(0, 9)) == 0 else 1  # an empty target about one time in ten
@@ -200,7 +205,7 @@ def merge_cases(draw: st.DrawFn) -> MergeCase:
         partitioned=draw(st.booleans()),
         layout=draw(st.sampled_from(["single", "round_robin", "by_key"])),
         files=draw(st.integers(1, 4)),
-        steps=tuple(draw(merge_steps()) for _ in range(step_count)),
+        steps=tuple(draw(merge_steps(schema_evolution=schema_evolution)) for _ in range(step_count)),
     )
 
 

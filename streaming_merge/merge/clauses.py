@@ -19,6 +19,8 @@ ClauseKind = Literal["matched", "not_matched", "not_matched_by_source"]
 ClauseAction = Literal["update", "update_all", "delete", "insert", "insert_all"]
 ExprLike = str | Column
 
+# Delta Lake's words for the clause kinds in its analysis errors, which ours begin with.
+_DELTA_KIND = {"matched": "MATCHED", "not_matched": "NOT MATCHED", "not_matched_by_source": "NOT MATCHED BY SOURCE"}
 _KIND_SQL = {
     "matched": "WHEN MATCHED",
     "not_matched": "WHEN NOT MATCHED",
@@ -118,8 +120,8 @@ class ClauseSet:
             for clause in group[:-1]:
                 if clause.condition is None:
                     raise MergeAnalysisError(
-                        f"When there are more than one {_KIND_SQL[clause.kind]} clauses in a MERGE "
-                        f"statement, only the last {_KIND_SQL[clause.kind]} clause can omit the condition. "
+                        f"When there are more than one {_DELTA_KIND[clause.kind]} clauses in a MERGE "
+                        f"statement, only the last {_DELTA_KIND[clause.kind]} clause can omit the condition. "
                         f"`{clause.describe()}` is unconditional but is followed by "
                         f"{len(group) - group.index(clause) - 1} more; add a condition or move it last."
                     )

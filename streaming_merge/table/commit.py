@@ -372,7 +372,7 @@ def _text(value: Any) -> str:
 
 
 def history(table_path: TableRef, limit: int | None = None) -> list[dict[str, Any]]:
-    """Commit history, newest first, with our operation name in place of delta-rs' WRITE."""
+    """Commit history, newest first: the log's operation names (Delta's), ours in place of delta-rs' WRITE."""
     table = open_table(table_path)
     entries = table.history(limit=limit)
     if not entries and table.version() >= 0:
@@ -384,8 +384,11 @@ def history(table_path: TableRef, limit: int | None = None) -> list[dict[str, An
     result = []
     for entry in entries:
         entry = dict(entry)
-        if OPERATION_KEY in entry:
-            entry["operation"] = entry.pop(OPERATION_KEY)
+        # The log's operation is what Delta Lake's DESCRIBE HISTORY shows; ours stands in only
+        # for delta-rs' generic WRITE.
+        user_operation = entry.pop(OPERATION_KEY, None)
+        if user_operation is not None and entry.get("operation") in (None, "WRITE"):
+            entry["operation"] = user_operation
         entry.pop(COMMIT_ID_KEY, None)
         result.append(entry)
     return result

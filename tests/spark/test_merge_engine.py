@@ -78,9 +78,9 @@ def source(spark: SparkSession, data: list[tuple], schema: str = "id int, name s
     [
         (lambda m: m.whenMatchedUpdate(set={"score": "s.nope"}), "s.nope"),
         (lambda m: m.whenMatchedUpdate(condition="s.missing > 1", set={"score": "s.score"}), "s.missing"),
-        (lambda m: m.whenMatchedDelete().whenMatchedUpdateAll(), "only the last WHEN MATCHED clause"),
+        (lambda m: m.whenMatchedDelete().whenMatchedUpdateAll(), "only the last MATCHED clause"),
         (lambda m: m.whenNotMatchedInsertAll().whenNotMatchedInsert(condition="s.id > 1", values={"id": "s.id"})
-         , "only the last WHEN NOT MATCHED clause"),
+         , "only the last NOT MATCHED clause"),
         (lambda m: m.whenMatchedUpdate(set={"score": "s.name"}), "not compatible"),
         (lambda m: m.whenMatchedUpdate(set={"nope": "s.score"}), "not a column of the target"),
         (lambda m: m.whenNotMatchedInsert(values={"id": "t.id"}), "can only refer to source columns"),

@@ -524,7 +524,7 @@ def test_commit_replaces_files_records_txn_and_history(spark: SparkSession, tabl
     assert latest["operationMetrics"] == {
         "numTargetRowsUpdated": "2", "numTargetFilesAdded": str(len(written))}
     assert "streamingMergeCommitId" not in latest and "userOperation" not in latest
-    assert (created["version"], created["operation"]) == (0, "CREATE TABLE AS SELECT")
+    assert (created["version"], created["operation"]) == (0, "CREATE TABLE")
 
 
 def test_concurrent_remove_of_a_read_file_conflicts(spark: SparkSession, table_path: str) -> None:
