@@ -25,7 +25,7 @@ Documented differences (docs/guides/delta-lake.md) are asserted here too, so a c
 either side shows up: a MERGE that changes nothing makes no commit in Delta, and one that adds
 and removes no file in ours; rows copied and files removed may be fewer in ours.
 
-``MERGE_DELTA_ORACLE_EXAMPLES`` sets the random examples per table kind (default 4: the two
+``MERGE_DELTA_ORACLE_EXAMPLES`` sets the random examples per table kind (default 2: the two
 engines share one local[2] JVM and Delta's MERGE takes seconds; raise it for a thorough run).
 """
 
@@ -256,7 +256,7 @@ def _examples(test: Any) -> Any:
 @pytest.mark.parametrize("kind", list(KINDS))
 @_examples
 @settings(
-    max_examples=int(os.environ.get("MERGE_DELTA_ORACLE_EXAMPLES", "4")),
+    max_examples=int(os.environ.get("MERGE_DELTA_ORACLE_EXAMPLES", "2")),
     deadline=None,
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
