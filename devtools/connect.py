@@ -25,6 +25,7 @@ from typing import Any
 
 from devtools.jars import debezium_plugins, kafka_classpath
 from devtools.kafka_server import _LOG4J, KafkaServerError, free_port, java
+from devtools.processes import log_tail, stop_group
 
 _START_TIMEOUT_S = 120.0
 
@@ -174,17 +175,10 @@ class KafkaConnect:
         self._process = None
 
     def log_tail(self, lines: int = 40) -> str:
-        path = (self.workdir or Path("/nonexistent")) / "connect.log"
-        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:]) if path.exists() else ""
+        return log_tail((self.workdir or Path("/nonexistent")) / "connect.log", lines)
 
     def stop(self) -> None:
-        if self._process is not None and self._process.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self._process.pid, signal.SIGTERM)
-            try:
-                self._process.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                self._kill()
+        stop_group(self._process)
         self._process = None
         if self._temp is not None:
             self._temp.cleanup()

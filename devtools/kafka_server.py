@@ -7,10 +7,8 @@ SASL_SSL takes PLAIN and SCRAM-SHA-256 with the user ``USER``/``PASSWORD``."""
 from __future__ import annotations
 
 import base64
-import contextlib
 import os
 import shutil
-import signal
 import socket
 import subprocess
 import tempfile
@@ -21,6 +19,7 @@ from pathlib import Path
 from typing import IO
 
 from devtools.jars import kafka_classpath
+from devtools.processes import log_tail, stop_group
 from streaming_merge.kafka.broker_client import KafkaBrokerClient
 
 USER = "alice"
@@ -218,18 +217,10 @@ class ApacheKafka:
         raise KafkaServerError(f"Kafka did not answer within {_START_TIMEOUT_S:.0f} s: {self.log_tail()}")
 
     def log_tail(self, lines: int = 40) -> str:
-        path = (self.workdir or Path("/nonexistent")) / "kafka.log"
-        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:]) if path.exists() else ""
+        return log_tail((self.workdir or Path("/nonexistent")) / "kafka.log", lines)
 
     def stop(self) -> None:
-        if self._process is not None and self._process.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self._process.pid, signal.SIGTERM)
-            try:
-                self._process.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                os.killpg(self._process.pid, signal.SIGKILL)
-                self._process.wait()
+        stop_group(self._process)
         self._process = None
         if self._temp is not None:
             self._temp.cleanup()
