@@ -135,7 +135,8 @@ class CdcSpec:
         if not self.sequence_by:
             return None
         row = self.stored_sequence(target, in_metadata)
-        return f"({row} IS NULL OR {self.stored_sequence(source, in_metadata)} > {row})"
+        # coalesce: a NULL source sequence is older (false, not NULL), also where this is negated
+        return f"({row} IS NULL OR coalesce({self.stored_sequence(source, in_metadata)} > {row}, false))"
 
     def later(self, sequence_sql: str, target: str = "t", in_metadata: bool = False) -> str:
         """SQL: ``sequence_sql`` (a sequence value of the source's form) is newer than the target
@@ -143,7 +144,7 @@ class CdcSpec:
         if not self.sequence_by:
             return "true"
         row = self.stored_sequence(target, in_metadata)
-        return f"({row} IS NULL OR {sequence_sql} > {row})"
+        return f"({row} IS NULL OR coalesce({sequence_sql} > {row}, false))"
 
     def data_columns(self, columns: Sequence[str]) -> list[str]:
         """The columns a partial update may leave unchanged: all but keys, sequence, the

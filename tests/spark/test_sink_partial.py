@@ -80,6 +80,9 @@ def _table(path: str) -> dict[Any, dict[str, Any]]:
                    {"id": 0, "lsn": 4, "op": "c", "name": None, "amount": 2},
                    {"id": 1, "lsn": 5, "op": "u", "name": "a", "amount": None},
                    {"id": None, "lsn": 5, "op": "c", "name": "b", "amount": 2}]], mode="nulls")
+# an event without a sequence after its key's delete is older than the tombstone: dropped
+@example(batches=[[{"id": 1, "lsn": 0, "op": "d", "name": None, "amount": None}],
+                  [{"id": 1, "lsn": None, "op": "c", "name": None, "amount": None}]], mode="full")
 def test_partial_updates_agree_with_the_model(spark: SparkSession, batches: list[list[dict[str, Any]]],
                                               mode: str) -> None:
     ignore_nulls = mode in ("nulls", "both")
