@@ -52,7 +52,9 @@ def app_events(workdir: Path) -> list[dict[str, Any]]:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("source_format", ["kafka_py", "kafka"])  # ours, Spark's connector
+# Spark's connector here; our kafka_py source meets the same SIGKILL between two tables' commits
+# in test_debezium_e2e.py, so the tier runs this scenario once per source format.
+@pytest.mark.parametrize("source_format", ["kafka"])
 def test_three_tables_one_query_exactly_once_across_a_sigkill_between_two_tables(
         tmp_path: Path, kafka_broker: KafkaBrokerClient, kafka_topic: Callable[..., str], source_format: str) -> None:
     prefix = f"db{uuid.uuid4().hex[:8]}"
