@@ -903,13 +903,17 @@ def run_series(args: argparse.Namespace, engines: Mapping[str, Engine], master: 
     engines' order rotating so that none always runs first."""
     n_current = args.target_rows
     names = list(engines)
+    # A folder per scenario: a copy of the master at a path an earlier series used has the same
+    # table id, and a process's deletion-vector log cache would answer it with that series' files.
+    series = workdir / f"series-{scenario.batch_size}-{scenario.key_dist}"
+    series.mkdir(parents=True, exist_ok=True)
     for number in range(args.warmup + args.repeat):
         batch = make_batch(n_current, scenario.batch_size, scenario.key_dist, args.seed + number, sequence=number)
         timed = number >= args.warmup
         shift = number % len(names)
         for name in names[shift:] + names[:shift]:
             try:
-                result = engines[name].run(master, workdir / f"series_{name}", n_current, batch)
+                result = engines[name].run(master, series / name, n_current, batch)
             except Exception:
                 result = RunResult(name, error=traceback.format_exc())
             if result.check is not None:
@@ -921,7 +925,7 @@ def run_series(args: argparse.Namespace, engines: Mapping[str, Engine], master: 
             log(f"  [{label}] {_describe(result)}")
         n_current += batch.n_inserts
     for name in names:
-        shutil.rmtree(workdir / f"series_{name}", ignore_errors=True)
+        shutil.rmtree(series / name, ignore_errors=True)
 
 
 def _ratios(s: Scenario) -> dict[str, float | None]:
