@@ -375,19 +375,20 @@ class OursEngine(Engine):
         result.prep_s = time.perf_counter() - t0
         return source
 
+    def _upsert(self, run_dir: Path, source: Any) -> Any:
+        """The bench's MERGE through the engine's ``DeltaTable`` (ours, or delta-spark's)."""
+        return (self._delta_table.forPath(self._spark, str(run_dir)).alias("t")
+                .merge(source.alias("s"), "t.id = s.id")
+                .whenMatchedUpdateAll()
+                .whenNotMatchedInsertAll()
+                .execute())
+
     def run(self, master: Path, run_dir: Path, n_target: int, batch: Batch) -> RunResult:
         result = RunResult(self.name)
         copy_table(master, run_dir)
         before = _live_files(run_dir)
         source = self._source(batch, result)
-        metrics = self._timed(result, lambda: (
-            self._delta_table.forPath(self._spark, str(run_dir))
-            .alias("t")
-            .merge(source.alias("s"), "t.id = s.id")
-            .whenMatchedUpdateAll()
-            .whenNotMatchedInsertAll()
-            .execute()
-        ))
+        metrics = self._timed(result, lambda: self._upsert(run_dir, source))
         result.metrics = _jsonable(dict(metrics or {}))
         result.rows_updated = result.metrics.get("numTargetRowsUpdated")
         result.rows_inserted = result.metrics.get("numTargetRowsInserted")
@@ -455,14 +456,7 @@ class DeltaSparkEngine(OursEngine):
             self._spark.sql(f"ALTER TABLE delta.`{run_dir}` SET TBLPROPERTIES ('delta.enableDeletionVectors' = true)")
         before = _live_files(run_dir)
         source = self._source(batch, result)
-        self._timed(result, lambda: (
-            self._delta_table.forPath(self._spark, str(run_dir))
-            .alias("t")
-            .merge(source.alias("s"), "t.id = s.id")
-            .whenMatchedUpdateAll()
-            .whenNotMatchedInsertAll()
-            .execute()
-        ))
+        self._timed(result, lambda: self._upsert(run_dir, source))
         last = self._delta_table.forPath(self._spark, str(run_dir)).history(1).collect()[0]
         result.metrics = _jsonable(dict(last["operationMetrics"] or {}))
         result.rows_updated = _int_or_none(result.metrics.get("numTargetRowsUpdated"))

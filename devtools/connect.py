@@ -10,10 +10,8 @@ as after a crash). Readiness is polled through REST, with deadlines."""
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
-import signal
 import subprocess
 import tempfile
 import time
@@ -25,7 +23,7 @@ from typing import Any
 
 from devtools.jars import debezium_plugins, kafka_classpath
 from devtools.kafka_server import _LOG4J, KafkaServerError, free_port, java
-from devtools.processes import log_tail, stop_group
+from devtools.processes import kill_group, log_tail, stop_group
 
 _START_TIMEOUT_S = 120.0
 
@@ -168,10 +166,7 @@ class KafkaConnect:
         self._launch()
 
     def _kill(self) -> None:
-        if self._process is not None and self._process.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self._process.pid, signal.SIGKILL)
-            self._process.wait()
+        kill_group(self._process)
         self._process = None
 
     def log_tail(self, lines: int = 40) -> str:

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from devtools.kafka_server import free_port
+from devtools.processes import log_tail
 
 BIN = Path(os.environ.get("STREAMING_MERGE_PG_BIN", "/usr/lib/postgresql/15/bin"))
 USER = "debezium"
@@ -113,8 +114,7 @@ class Postgres:
                             f"{self.log_tail()}")
 
     def log_tail(self, lines: int = 30) -> str:
-        path = (self.workdir or Path("/nonexistent")) / "postgres.log"
-        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:]) if path.exists() else ""
+        return log_tail((self.workdir or Path("/nonexistent")) / "postgres.log", lines)
 
     def _psql(self, database: str, *args: str, stdin: str | None = None) -> str:
         command = [str(BIN / "psql"), "-X", "-q", "-v", "ON_ERROR_STOP=1", "-h", str(self.socket_dir),

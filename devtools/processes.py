@@ -24,6 +24,13 @@ def stop_group(process: subprocess.Popen[bytes] | None, timeout_s: float = 20) -
     try:
         process.wait(timeout=timeout_s)
     except subprocess.TimeoutExpired:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(process.pid, signal.SIGKILL)
-        process.wait()
+        kill_group(process)
+
+
+def kill_group(process: subprocess.Popen[bytes] | None) -> None:
+    """SIGKILL to ``process``'s group (a crash, not a stop), and wait for it."""
+    if process is None or process.poll() is not None:
+        return
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(process.pid, signal.SIGKILL)
+    process.wait()

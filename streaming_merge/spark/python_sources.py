@@ -70,7 +70,7 @@ def _local_python_files(py_files: str) -> list[str] | None:
     contents cannot be listed here."""
     paths = []
     for entry in filter(None, (part.strip() for part in py_files.split(","))):
-        path = entry.removeprefix("file://") if entry.startswith("file://") else entry
+        path = entry.removeprefix("file://")
         if "://" in path or not os.path.exists(path):
             return None
         paths.append(path)

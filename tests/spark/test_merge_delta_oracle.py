@@ -82,12 +82,17 @@ class Outcome:
 # --- the two engines --------------------------------------------------------------------------
 
 
-def run_ours(spark: SparkSession, path: str, step: MergeStep) -> Outcome:
-    builder = DeltaTable.forPath(spark, path).alias("t").merge(source_df(spark, step).alias("s"), step.on.sql)
+def merge_builder(table_api: Any, spark: SparkSession, path: str, step: MergeStep) -> Any:
+    """``step``'s MERGE, not yet executed, through ``table_api`` (ours or Delta's ``DeltaTable``:
+    the same builder API)."""
+    builder = table_api.forPath(spark, path).alias("t").merge(source_df(spark, step).alias("s"), step.on.sql)
     for clause in step.clauses:
         builder = clause.add_to(builder)
-    if step.schema_evolution:
-        builder = builder.withSchemaEvolution()
+    return builder.withSchemaEvolution() if step.schema_evolution else builder
+
+
+def run_ours(spark: SparkSession, path: str, step: MergeStep) -> Outcome:
+    builder = merge_builder(DeltaTable, spark, path, step)
     try:
         metrics = builder.execute()
     except (MultipleSourceRowMatchingTargetRowError, MergeAnalysisError) as error:
@@ -102,11 +107,7 @@ def delta_version(spark: SparkSession, path: str) -> int:
 def run_delta(spark: SparkSession, path: str, step: MergeStep) -> Outcome:
     """Delta's MERGE; metrics from the commit it made (None when it made none)."""
     version = delta_version(spark, path)
-    builder = DeltaLakeTable.forPath(spark, path).alias("t").merge(source_df(spark, step).alias("s"), step.on.sql)
-    for clause in step.clauses:
-        builder = clause.add_to(builder)
-    if step.schema_evolution:
-        builder = builder.withSchemaEvolution()
+    builder = merge_builder(DeltaLakeTable, spark, path, step)
     try:
         builder.execute()
     except PySparkException as error:
