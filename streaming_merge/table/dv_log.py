@@ -11,7 +11,10 @@ deletion vectors are replayed.
 
 A streaming job asks for the next version every batch, so results are cached per
 ``(table, version)`` and a newer version is derived from the newest cached older one by
-applying just the commits in between.
+applying just the commits in between. A cached state also keeps the identity (entity tag,
+size, modification time) of the commit file it was replayed up to, and is used only while
+that file is still the one in the log: a table restored from a copy at the same place keeps
+its id and its version numbers, but not its commit files.
 """
 
 from __future__ import annotations
@@ -70,16 +73,21 @@ def live_adds(table_url: str, storage_options: Mapping[str, str] | None, version
         raise DeltaTableError(f"Table `{table_url}` has no version {version}")
     table = table_url.rstrip("/")
     key = table if table_id is None else f"{table}#{table_id}"
-    hit, base = _cache.lookup(key, version)
-    if hit is not None:
-        return dict(hit)
-    state: _State | None = None
-    if base is not None:
-        state = _advance(table, storage_options, base[0], base[1], version)
-    if state is None:
-        state = _replay(table, storage_options, version)
-    _cache.store(key, version, state)
-    return dict(state)
+    store = table_store(table, storage_options)
+    cached = _cache.lookup(key, version)
+    replayed: _Replayed | None = None
+    if cached is not None and _commit_identity(store, table, cached.version) != cached.commit:
+        _cache.forget(key)  # the log was replaced under the same id: nothing cached holds
+        cached = None
+    if cached is not None and cached.version == version:
+        return dict(cached.state)
+    if cached is not None:
+        replayed = _advance(store, table, cached, version)
+    if replayed is None:
+        replayed = _replay(store, table, version)
+    if replayed.commit is not None:
+        _cache.store(key, replayed)
+    return dict(replayed.state)
 
 
 def clear_cache() -> None:
@@ -92,34 +100,46 @@ def clear_cache() -> None:
 # ---------------------------------------------------------------------------------------------
 
 
+@dataclass(frozen=True)
+class _Replayed:
+    """A table's state at ``version``, with the identity of that version's commit file (None
+    when the log holds only a checkpoint there, and the state cannot be checked later)."""
+
+    version: int
+    state: _State
+    commit: str | None
+
+
 class _Cache:
-    """A small thread-safe LRU of states keyed by ``(table, version)``. States are never
-    mutated once stored (callers get copies), so lookups can share them without locking."""
+    """A small thread-safe LRU of replayed states keyed by ``(table, version)``. States are
+    never mutated once stored (callers get copies), so lookups can share them without locking."""
 
     def __init__(self, size: int) -> None:
         self._size = size
         self._lock = threading.Lock()
-        self._states: OrderedDict[tuple[str, int], _State] = OrderedDict()
+        self._states: OrderedDict[tuple[str, int], _Replayed] = OrderedDict()
 
-    def lookup(self, table: str, version: int) -> tuple[_State | None, tuple[int, _State] | None]:
+    def lookup(self, table: str, version: int) -> _Replayed | None:
         """The state at ``version`` if cached, else the newest cached older one (to advance)."""
         with self._lock:
             key = (table, version)
             if key in self._states:
                 self._states.move_to_end(key)
-                return self._states[key], None
+                return self._states[key]
             older = [v for (t, v) in self._states if t == table and v < version]
-            if not older:
-                return None, None
-            newest = max(older)
-            return None, (newest, self._states[(table, newest)])
+            return self._states[(table, max(older))] if older else None
 
-    def store(self, table: str, version: int, state: _State) -> None:
+    def store(self, table: str, replayed: _Replayed) -> None:
         with self._lock:
-            self._states[(table, version)] = state
-            self._states.move_to_end((table, version))
+            self._states[(table, replayed.version)] = replayed
+            self._states.move_to_end((table, replayed.version))
             while len(self._states) > self._size:
                 self._states.popitem(last=False)
+
+    def forget(self, table: str) -> None:
+        with self._lock:
+            for key in [k for k in self._states if k[0] == table]:
+                del self._states[key]
 
     def clear(self) -> None:
         with self._lock:
@@ -138,23 +158,41 @@ def _commit_name(version: int) -> str:
     return f"{_LOG}{version:020d}.json"
 
 
-def _advance(
-    table: str, storage_options: Mapping[str, str] | None, from_version: int, state: _State, version: int
-) -> _State | None:
-    """``state`` (at ``from_version``) moved on to ``version`` by its JSON commits, read by
-    name without listing; None when one of them is missing (cleaned up, or not committed
-    yet), and the caller falls back to a full replay, which reports it properly."""
-    store = table_store(table, storage_options)
-    advanced = dict(state)
-    for v in range(from_version + 1, version + 1):
+def _identity(meta: Mapping[str, Any]) -> str:
+    return f"{meta.get('e_tag')}/{meta['size']}/{meta['last_modified'].isoformat()}"
+
+
+def _commit_identity(store: Any, table: str, version: int) -> str | None:
+    """The identity of commit ``version``'s file; None when the log no longer holds it."""
+    try:
+        return _identity(obstore.head(store, _commit_name(version)))
+    except NOT_FOUND:
+        return None
+    except Exception as exc:
+        raise _error(table, version, f"cannot read commit {version}: {first_line(exc)}") from exc
+
+
+def _read_commit(store: Any, version: int) -> tuple[bytes, str]:
+    """A JSON commit's bytes and its file's identity, in one request."""
+    result = obstore.get(store, _commit_name(version))
+    return bytes(result.bytes()), _identity(result.meta)
+
+
+def _advance(store: Any, table: str, base: _Replayed, version: int) -> _Replayed | None:
+    """``base`` moved on to ``version`` by its JSON commits, read by name without listing;
+    None when one of them is missing (cleaned up, or not committed yet), and the caller falls
+    back to a full replay, which reports it properly."""
+    advanced = dict(base.state)
+    commit = base.commit
+    for v in range(base.version + 1, version + 1):
         try:
-            data = _get(store, _commit_name(v))
+            data, commit = _read_commit(store, v)
         except NOT_FOUND:
             return None
         except Exception as exc:
             raise _error(table, version, f"cannot read commit {v}: {first_line(exc)}") from exc
         _apply(advanced, _file_actions(data, table, v))
-    return advanced
+    return _Replayed(version, advanced, commit)
 
 
 @dataclass
@@ -167,10 +205,9 @@ class LogListing:
     checkpoints: dict[int, list[tuple[str, list[tuple[str, int]]]]]
 
 
-def _replay(table: str, storage_options: Mapping[str, str] | None, version: int) -> _State:
+def _replay(store: Any, table: str, version: int) -> _Replayed:
     """The state at ``version`` from the newest complete checkpoint not after it plus the
     JSON commits after that checkpoint. ``_last_checkpoint`` only narrows the listing."""
-    store = table_store(table, storage_options)
     hint = _last_checkpoint_version(store)
     listing = list_log(store, table, version, hint if hint is not None and hint <= version else None)
     if hint is not None and hint <= version and not _complete_checkpoints(listing, version):
@@ -185,16 +222,20 @@ def _replay(table: str, storage_options: Mapping[str, str] | None, version: int)
         reason = f"there is no complete checkpoint at or before it and {gone}" if start < 0 else gone
         raise _error(table, version, reason)
     state: _State = {}
+    commit: str | None = None
     try:
         if start >= 0:
             _apply(state, _checkpoint_adds(store, table, checkpoints[start]))
         for v in range(start + 1, version + 1):
-            _apply(state, _file_actions(_get(store, _commit_name(v)), table, v))
+            data, commit = _read_commit(store, v)
+            _apply(state, _file_actions(data, table, v))
+        if commit is None:
+            commit = _commit_identity(store, table, version)
     except DeltaTableError:
         raise
     except Exception as exc:
         raise _error(table, version, f"cannot read the log: {first_line(exc)}") from exc
-    return state
+    return _Replayed(version, state, commit)
 
 
 def _dv_id(action: Mapping[str, Any]) -> str | None:

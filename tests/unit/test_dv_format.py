@@ -548,6 +548,27 @@ def test_a_newer_version_applies_only_the_newer_commits(tmp_path: Path, monkeypa
         dv_log.deletion_vector_descriptors(url, None, 5)
 
 
+def test_a_log_restored_from_a_copy_is_replayed_not_answered_from_the_cache(tmp_path: Path) -> None:
+    """A table put back from a backup at the same place keeps its id and its version numbers;
+    a history written after the backup must not answer for the one written after the restore."""
+    table = tmp_path / "t"
+    (table / "_delta_log").mkdir(parents=True)
+    _write_commit(table, 0, [{"protocol": {}}, {"add": {"path": "a", "deletionVector": _dv(1)}}])
+    backup = tmp_path / "backup"
+    shutil.copytree(table, backup)
+    _write_commit(table, 1, [{"add": {"path": "b", "deletionVector": _dv(2)}}])
+    _write_commit(table, 2, [{"add": {"path": "c", "deletionVector": _dv(3)}}])
+    url = str(table)
+    assert set(dv_log.deletion_vector_descriptors(url, None, 2)) == {"a", "b", "c"}
+
+    shutil.rmtree(table)
+    shutil.copytree(backup, table)
+    _write_commit(table, 1, [{"add": {"path": "d", "deletionVector": _dv(4)}}])
+    assert set(dv_log.deletion_vector_descriptors(url, None, 1)) == {"a", "d"}  # exact version cached before
+    _write_commit(table, 2, [{"remove": {"path": "a", "deletionVector": _dv(1)}}])
+    assert set(dv_log.deletion_vector_descriptors(url, None, 2)) == {"d"}
+
+
 def test_store_options_in_delta_rs_spelling() -> None:
     """delta-rs options obstore spells differently (client options with a store prefix) or
     does not know (delta-rs' own) must not break the store; building it touches no network."""
