@@ -54,12 +54,16 @@ def writable_copy(name: str, tmp_path: Path) -> Path:
 
 def with_change_data_feed_from_the_start(path: Path) -> None:
     """Set ``delta.enableChangeDataFeed=true`` in the table's first metaData action, by hand:
-    its later DV commits (which carry no cdc actions) then read as change data."""
+    its later DV commits (which carry no cdc actions) then read as change data. A protocol
+    with table features lists changeDataFeed too, as a writer must (Delta refuses it otherwise)."""
     first = path / "_delta_log" / f"{0:020d}.json"
     actions = [json.loads(line) for line in first.read_text().splitlines() if line.strip()]
     for action in actions:
         if "metaData" in action:
             action["metaData"]["configuration"].update(CDF_ON)
+        features = action.get("protocol", {}).get("writerFeatures")
+        if features is not None and "changeDataFeed" not in features:
+            features.append("changeDataFeed")
     first.write_text("".join(json.dumps(a) + "\n" for a in actions))
 
 

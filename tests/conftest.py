@@ -19,14 +19,19 @@ import re
 import subprocess
 import sys
 import uuid
+import zlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
 from devtools.kafka_server import ApacheKafka
 from streaming_merge.kafka.broker import EmbeddedKafka, KafkaBrokerClient, KafkaBrokerError
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
 
 logger = logging.getLogger(__name__)
 
@@ -73,18 +78,26 @@ def driver_class_archive() -> WarmedArchive | None:
     return WarmedArchive(archive, result.stdout)
 
 
-@pytest.fixture(scope="session")
-def spark(driver_class_archive: WarmedArchive | None) -> Iterator[object]:
+def test_session() -> SparkSession:
+    """The session the tests share. One JVM serves both engines: Spark's Kafka connector and
+    Delta Lake (its SQL extension and catalog) beside ours, as oracle, second reader and
+    benchmark peer."""
     from streaming_merge.session import local_session
     from streaming_merge.spark.packages import package_conf
 
-    # One JVM serves both engines: Spark's Kafka connector and Delta Lake (its SQL extension
-    # and catalog) beside ours, as oracle, second reader and benchmark peer.
-    session = local_session("streaming_merge-tests", "local[2]", shuffle_partitions=2,
-                            extra_conf={**package_conf(("kafka", "delta")),
-                                        # Delta's log replay on the session's 2 cores, not its 50
-                                        # default partitions: what a careful user sets here
-                                        "spark.databricks.delta.snapshotPartitions": "2"})
+    return local_session("streaming_merge-tests", "local[2]", shuffle_partitions=2,
+                         extra_conf={**package_conf(("kafka", "delta")),
+                                     # Delta's log replay on the session's 2 cores, not its 50
+                                     # default partitions: what a careful user sets here
+                                     "spark.databricks.delta.snapshotPartitions": "2"})
+
+
+test_session.__test__ = False  # type: ignore[attr-defined]  # a factory, not a test
+
+
+@pytest.fixture(scope="session")
+def spark(driver_class_archive: WarmedArchive | None) -> Iterator[SparkSession]:
+    session = test_session()
     yield session
     session.stop()
 
@@ -160,3 +173,38 @@ def kafka_topic(kafka_broker: KafkaBrokerClient, request: pytest.FixtureRequest)
             kafka_broker.delete_topic(name)
         except KafkaBrokerError as exc:
             logger.warning("could not delete test topic %s: %s", name, exc)
+
+
+# ------------------------------------------------------------------ Delta Lake as second reader
+
+
+#: ``STREAMING_MERGE_DELTA_READS``: ``all`` (every Spark test), ``0`` (none), or by default one
+#: test in SAMPLE_EVERY, chosen by a hash of its id (the same tests on every run): Delta's reads
+#: cost about a second per table, and a whole run leaves over 600 tables.
+SAMPLE_EVERY = 8
+
+
+def _delta_reads_wanted(request: pytest.FixtureRequest) -> bool:
+    mode = os.environ.get("STREAMING_MERGE_DELTA_READS", "sample").lower()
+    if mode == "0" or "spark" not in request.fixturenames or "tmp_path" not in request.fixturenames:
+        return False
+    if request.node.get_closest_marker("no_delta_reads") is not None:
+        return False
+    return mode == "all" or zlib.crc32(request.node.nodeid.encode()) % SAMPLE_EVERY == 0
+
+
+@pytest.fixture(autouse=True)
+def delta_reads_what_the_test_wrote(request: pytest.FixtureRequest) -> Iterator[None]:
+    """After a Spark test that used a ``tmp_path``, Delta Lake reads every table left there and
+    must see what our reader sees (tests/delta_reader_check.py)."""
+    wanted = _delta_reads_wanted(request)
+    # Taken now: a fixture asked for here is torn down after this one.
+    spark, folder = (request.getfixturevalue("spark"), request.getfixturevalue("tmp_path")) if wanted else (None, None)
+    yield
+    if spark is None or folder is None:
+        return
+    from tests.delta_reader_check import differences, tables_under
+
+    found = {str(table): differences(spark, str(table)) for table in tables_under(folder)}
+    found = {table: problems for table, problems in found.items() if problems}
+    assert not found, f"Delta Lake reads these tables differently from us: {found}"

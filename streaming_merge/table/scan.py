@@ -22,7 +22,7 @@ from streaming_merge.spark.slots import task_slots
 from streaming_merge.table.dv_filter import live_row_column
 from streaming_merge.table.file_relation import files_relation
 from streaming_merge.table.schema import data_columns
-from streaming_merge.table.snapshot import DataFile, Snapshot
+from streaming_merge.table.snapshot import DataFile, Snapshot, check_readable
 from streaming_merge.table.spark_paths import (
     FILE_PATH_COL,
     FILE_SIZE_COL,
@@ -55,6 +55,7 @@ def scan_files(
     has them. ``selected_after``: the caller selects the columns it wants by name next, so a
     column the read added for the row index may stay (dropping it is an analysis of its own).
     """
+    check_readable(snapshot)
     table_schema = schema or snapshot.schema
     partition_columns = snapshot.partition_columns
     if not files:

@@ -244,6 +244,18 @@ def _data_files(stats: pa.Table, partition_columns: list[str]) -> list[DataFile]
     ]
 
 
+def check_readable(snapshot: Snapshot) -> None:
+    """Refuse to read a table whose files we would misread: with column mapping, the files name
+    their columns by physical names (``col-<uuid>``), so reading them by logical name gives NULLs."""
+    mode = (snapshot.configuration.get("delta.columnMapping.mode") or "none").lower()
+    if mode != "none":
+        raise UnsupportedTableFeatureError(
+            f"Table `{snapshot.table_path}` uses column mapping (delta.columnMapping.mode={mode}): its data files "
+            "name columns by physical names, which streaming_merge does not read. Read it with Delta Lake "
+            "(delta-spark) or delta-rs."
+        )
+
+
 def check_writable(snapshot: Snapshot) -> None:
     """Refuse, before anything is written, a table whose features we cannot keep correct."""
     protocol = snapshot.protocol

@@ -126,8 +126,9 @@ def test_deletion_vector_commits_read_as_the_rows_the_vectors_changed(spark: Spa
     add = next(a["add"] for a in commit_actions(small, 1) if "add" in a)
     restored = {k: v for k, v in add.items() if k != "deletionVector"}
     version = append_commit(small, [{"remove": {**add, "dataChange": True}}, {"add": restored}], 1_800_000_000_000)
-    append_commit(small, [{"remove": {**restored, "dataChange": False}}, {"add": {**restored, "dataChange": False}}],
-                  1_800_000_001_000)
+    # the same logical file added again, without a remove (Delta refuses a commit that adds and
+    # removes one (path, DV) pair, and readers disagree on which of the two wins)
+    append_commit(small, [{"add": {**restored, "dataChange": False}}], 1_800_000_001_000)
     frame = DeltaTable.forPath(spark, str(small)).changes(starting_version=version)
     assert sorted((r[0], r[1], r[2]) for r in frame.select("_change_type", "_commit_version", "value").collect()) \
         == [("insert", version, 0), ("insert", version, 9)]

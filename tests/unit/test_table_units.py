@@ -45,7 +45,7 @@ from streaming_merge.table.schema import (
     evolve,
     spark_to_delta_json,
 )
-from streaming_merge.table.snapshot import check_writable, load_snapshot
+from streaming_merge.table.snapshot import check_readable, check_writable, load_snapshot
 from streaming_merge.table.write import footer_stats, partition_value_string
 
 UTC = dt.UTC
@@ -288,6 +288,9 @@ def test_check_writable_refuses_configured_features(tmp_path: Path, configuratio
                                                     named: str) -> None:
     table = _delta_rs_table(tmp_path / "t", configuration=configuration)
     assert named in _refused(table)
+    # and to read: its files name columns by physical names, and a read by logical names gives NULLs
+    with pytest.raises(UnsupportedTableFeatureError, match=f"{named}.*physical names"):
+        check_readable(load_snapshot(table))
 
 
 def test_check_writable_refuses_check_constraints(tmp_path: Path) -> None:
