@@ -181,7 +181,7 @@ def kafka_topic(kafka_broker: KafkaBrokerClient, request: pytest.FixtureRequest)
 #: ``STREAMING_MERGE_DELTA_READS``: ``all`` (every Spark test), ``0`` (none), or by default one
 #: test in SAMPLE_EVERY, chosen by a hash of its id (the same tests on every run): Delta's reads
 #: cost about a second per table, and a whole run leaves over 600 tables.
-SAMPLE_EVERY = 8
+SAMPLE_EVERY = 10
 
 
 def _delta_reads_wanted(request: pytest.FixtureRequest) -> bool:

@@ -18,7 +18,7 @@ conditions and assignments from the MERGE grammar's target-only terms. After eac
   - with the change data feed, the same change rows (Delta's ``readChangeFeed`` on both
     tables, our ``changes()`` on ours).
 
-``DML_DELTA_ORACLE_EXAMPLES`` sets the number of random examples (default 3: Delta's commands
+``DML_DELTA_ORACLE_EXAMPLES`` sets the number of random examples (default 2: Delta's commands
 take about a second each in the shared local[2] JVM).
 """
 
@@ -176,7 +176,7 @@ def _examples(test: Any) -> Any:
 
 @_examples
 @settings(
-    max_examples=int(os.environ.get("DML_DELTA_ORACLE_EXAMPLES", "3")),
+    max_examples=int(os.environ.get("DML_DELTA_ORACLE_EXAMPLES", "2")),
     deadline=None,
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )

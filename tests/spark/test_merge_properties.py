@@ -21,7 +21,7 @@ merges on each, and after each compare
       for AmbiguousMultipleMatches (a layout-dependent case, see the model), either that or (a)-(c)
       against the model's outcome without the error.
 
-``MERGE_PROPERTY_EXAMPLES`` sets the number of examples (default 50; the same
+``MERGE_PROPERTY_EXAMPLES`` sets the number of examples (default 40; the same
 generator's cases also run against Delta Lake's own MERGE in test_merge_delta_oracle.py, and
 hypothesis draws new cases on every run, as CI keeps no example database, so runs add up; raise
 it for a thorough run). A failure prints the target rows and each
@@ -376,7 +376,7 @@ def _with_examples(test: Any) -> Any:
 @pytest.mark.slow
 @_with_examples
 @settings(
-    max_examples=int(os.environ.get("MERGE_PROPERTY_EXAMPLES", "50")),
+    max_examples=int(os.environ.get("MERGE_PROPERTY_EXAMPLES", "40")),
     deadline=None,
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )

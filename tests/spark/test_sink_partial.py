@@ -44,7 +44,7 @@ def _table(path: str) -> dict[Any, dict[str, Any]]:
     return {r["id"]: r for r in deltalake.DeltaTable(path).to_pyarrow_table().to_pylist()}
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
                                                                   HealthCheck.too_slow])
 @given(batches=batches, mode=st.sampled_from(["nulls", "placeholder", "both", "full"]))
 # an event without a sequence wins over a row without one, in each column it carries a value for
