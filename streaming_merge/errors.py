@@ -42,6 +42,11 @@ class UnsupportedTableFeatureError(DeltaTableError):
     mapping, change data feed, a newer protocol); refused before anything is written."""
 
 
+class StorageOptionError(DeltaTableError, ValueError):
+    """Raised for a storage option no store, HTTP client or delta-rs knows (a misspelling would
+    otherwise fall back to a default silently); the message names it and the known ones."""
+
+
 class ConcurrentModificationError(DeltaTableError):
     """Raised when another writer committed, between our snapshot and our commit, a change
     that conflicts with what this operation read or wrote. Nothing of ours became visible;
@@ -102,3 +107,12 @@ class DmlAnalysisError(StreamingMergeError):
     """Raised when a DELETE or UPDATE is invalid before it runs: a condition that cannot be
     resolved or is not boolean, an assignment to a column the table does not have, a value
     that cannot be stored in its column. The table is untouched."""
+
+
+class InvalidArgumentError(StreamingMergeError, ValueError):
+    """Raised for a bad argument, option or configuration value: the message names it, says
+    why it is refused and what is accepted. A ``ValueError`` too, as Python users expect."""
+
+
+class InvalidArgumentTypeError(StreamingMergeError, TypeError):
+    """Raised for an argument of the wrong type; a ``TypeError`` too."""

@@ -15,7 +15,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Literal
 
-from streaming_merge.errors import StreamingMergeError
+from streaming_merge.errors import InvalidArgumentError, StreamingMergeError
 
 __all__ = [
     "BrokerFeatureUnsupportedError",
@@ -220,7 +220,7 @@ class KafkaBrokerClient:
         """Create ``name`` with ``partitions`` partitions (replication factor 1) and wait until
         every partition is in the metadata, so a produce right after cannot race creation."""
         if partitions < 1:
-            raise ValueError(f"partitions must be >= 1, got {partitions}")
+            raise InvalidArgumentError(f"partitions must be >= 1, got {partitions}")
         kafka = _import_kafka()
         from kafka.admin import NewTopic
 

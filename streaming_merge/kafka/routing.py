@@ -53,7 +53,7 @@ from pyspark.sql.types import (
     StructType,
 )
 
-from streaming_merge.errors import StreamingMergeError
+from streaming_merge.errors import InvalidArgumentError, StreamingMergeError
 from streaming_merge.kafka.logical import logical_field
 
 __all__ = [
@@ -96,26 +96,27 @@ class TopicRouter:
         try:
             regex = re.compile(topic_regex)
         except re.error as exc:
-            raise ValueError(f"topic regex {topic_regex!r} does not compile: {exc}") from exc
+            raise InvalidArgumentError(f"topic regex {topic_regex!r} does not compile: {exc}") from exc
         known = {"root", "topic", *regex.groupindex}
         used: list[str] = []
         try:
             parsed = list(string.Formatter().parse(template))
         except ValueError as exc:
-            raise ValueError(f"table path template {template!r} is not a valid format string: {exc}") from exc
+            raise InvalidArgumentError(f"table path template {template!r} is not a valid format string: {exc}") from exc
         for _, name, spec, conversion in parsed:
             if name is None:
                 continue
             if not name or spec or conversion or name not in known:
-                raise ValueError(
+                raise InvalidArgumentError(
                     f"table path template {template!r}: '{{{name}{'!' + conversion if conversion else ''}"
                     f"{':' + spec if spec else ''}}}' is not one of {sorted('{' + k + '}' for k in known)} "
                     "(plain names only; the regex's named groups, root and topic)")
             used.append(name)
         if "root" in used and not (root or "").strip():
-            raise ValueError(f"table path template {template!r} uses {{root}}: give --target-root")
+            raise InvalidArgumentError(f"table path template {template!r} uses {{root}}: give --target-root")
         if not set(used) - {"root"}:
-            raise ValueError(f"table path template {template!r} names no part of the topic: every topic would go "
+            raise InvalidArgumentError(
+                f"table path template {template!r} names no part of the topic: every topic would go "
                              "to the same table")
         return cls(template, topic_regex, root.rstrip("/") if root else None)
 
@@ -174,7 +175,7 @@ def connect_type(schema: Mapping[str, Any]) -> DataType:
         return ArrayType(logical_field("item", schema["items"], connect_type(schema["items"])).dataType, True)
     if kind == "map":
         return MapType(connect_type(schema["keys"]), connect_type(schema["values"]), True)
-    raise ValueError(f"unknown Kafka Connect type {kind!r} in {dict(schema)}")
+    raise InvalidArgumentError(f"unknown Kafka Connect type {kind!r} in {dict(schema)}")
 
 
 def connect_row_schema(envelope_schema: Mapping[str, Any] | str | None) -> StructType | None:

@@ -11,6 +11,7 @@ from collections.abc import Mapping
 
 from pyspark.sql import Column, DataFrame
 
+from streaming_merge.errors import InvalidArgumentError, InvalidArgumentTypeError
 from streaming_merge.merge.clauses import ClauseAction, ClauseKind, ExprLike, MergeClause, to_column
 from streaming_merge.merge.command import MergeOptions, MergeRequest, run_merge
 from streaming_merge.merge.metrics import MergeMetrics
@@ -41,7 +42,7 @@ class DeltaMergeBuilder:
     def _add(self, kind: ClauseKind, action: ClauseAction, condition: ExprLike | None,
              assignments: Mapping[str, ExprLike] | None = None) -> DeltaMergeBuilder:
         if assignments is not None and not isinstance(assignments, Mapping):
-            raise TypeError(f"Assignments must be a dict of column name to SQL string or Column, got "
+            raise InvalidArgumentTypeError(f"Assignments must be a dict of column name to SQL string or Column, got "
                             f"{type(assignments).__name__}")
         clause = MergeClause(kind, action, condition, dict(assignments or {}))
         return dataclasses.replace(self, clauses=(*self.clauses, clause))
@@ -49,7 +50,8 @@ class DeltaMergeBuilder:
     def whenMatchedUpdate(self, condition: ExprLike | None = None,
                           set: Mapping[str, ExprLike] | None = None) -> DeltaMergeBuilder:
         if not set:
-            raise ValueError("whenMatchedUpdate needs set={column: value, ...}; use whenMatchedUpdateAll for *")
+            raise InvalidArgumentError(
+                "whenMatchedUpdate needs set={column: value, ...}; use whenMatchedUpdateAll for *")
         return self._add("matched", "update", condition, set)
 
     def whenMatchedUpdateAll(self, condition: ExprLike | None = None) -> DeltaMergeBuilder:
@@ -61,7 +63,7 @@ class DeltaMergeBuilder:
     def whenNotMatchedInsert(self, condition: ExprLike | None = None,
                              values: Mapping[str, ExprLike] | None = None) -> DeltaMergeBuilder:
         if not values:
-            raise ValueError("whenNotMatchedInsert needs values={column: value, ...}; use "
+            raise InvalidArgumentError("whenNotMatchedInsert needs values={column: value, ...}; use "
                              "whenNotMatchedInsertAll for *")
         return self._add("not_matched", "insert", condition, values)
 
@@ -71,7 +73,7 @@ class DeltaMergeBuilder:
     def whenNotMatchedBySourceUpdate(self, condition: ExprLike | None = None,
                                      set: Mapping[str, ExprLike] | None = None) -> DeltaMergeBuilder:
         if not set:
-            raise ValueError("whenNotMatchedBySourceUpdate needs set={column: value, ...}")
+            raise InvalidArgumentError("whenNotMatchedBySourceUpdate needs set={column: value, ...}")
         return self._add("not_matched_by_source", "update", condition, set)
 
     def whenNotMatchedBySourceDelete(self, condition: ExprLike | None = None) -> DeltaMergeBuilder:
@@ -89,9 +91,9 @@ class DeltaMergeBuilder:
         """Run the MERGE. With ``app_id`` and ``version`` it is idempotent: skipped (and
         reported with ``skipped=True``) when the table already holds txn(app_id) >= version."""
         if (app_id is None) != (version is None):
-            raise ValueError("Pass app_id and version together (both or neither) for an idempotent MERGE.")
+            raise InvalidArgumentError("Pass app_id and version together (both or neither) for an idempotent MERGE.")
         if version is not None and version < 0:
-            raise ValueError(f"version must be >= 0, got {version}")
+            raise InvalidArgumentError(f"version must be >= 0, got {version}")
         spark = self.source.sparkSession
         return run_merge(spark, MergeRequest(
             table_path=self.table.location,

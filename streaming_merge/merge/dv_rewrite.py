@@ -28,7 +28,7 @@ from pyroaring import BitMap64
 from pyspark.sql import Column, DataFrame, Observation, SparkSession, Window
 from pyspark.sql import functions as F
 
-from streaming_merge.errors import MultipleSourceRowMatchingTargetRowError
+from streaming_merge.errors import InvalidArgumentError, MultipleSourceRowMatchingTargetRowError
 from streaming_merge.merge.change_data import (
     deduplicates_deletes,
     matched_delete_rows,
@@ -138,7 +138,8 @@ def write_changes_with_deletion_vectors(
     """Join the candidates with the source, write the updated and inserted rows, and return the
     rows to mark deleted, in one Spark job (plus the broadcast's)."""
     if len(candidates) >= 1 << _POSITION_BITS or any((f.num_records or 0) >= 1 << _ROW_BITS for f in candidates):
-        raise ValueError(f"A MERGE with deletion vectors handles up to {1 << _POSITION_BITS} candidate files of up "
+        raise InvalidArgumentError(
+            f"A MERGE with deletion vectors handles up to {1 << _POSITION_BITS} candidate files of up "
                          f"to {1 << _ROW_BITS} rows each; {snapshot.table_path} has more: compact it first.")
     ids = FileIds.of(spark, snapshot, candidates)
     # One projection and an alias a side: each DataFrame operation is an analysis.

@@ -17,6 +17,7 @@ from typing import Any, Literal
 from pyspark import StorageLevel
 from pyspark.sql import Column, DataFrame, Observation, SparkSession
 
+from streaming_merge.errors import InvalidArgumentError
 from streaming_merge.table.scan import PINNED_SCAN_OPTION
 
 log = logging.getLogger(__name__)
@@ -29,7 +30,7 @@ _LOST_BLOCK_MARKERS = ("CHECKPOINT_RDD_BLOCK_ID_NOT_FOUND", "Checkpoint block")
 def storage_level(name: str) -> StorageLevel:
     level = getattr(StorageLevel, name, None)
     if not isinstance(level, StorageLevel):
-        raise ValueError(f"Unknown storage level {name!r}; use a StorageLevel name such as 'DISK_ONLY'.")
+        raise InvalidArgumentError(f"Unknown storage level {name!r}; use a StorageLevel name such as 'DISK_ONLY'.")
     return level
 
 
@@ -114,7 +115,7 @@ def checkpoint_rdd_id(materialized: DataFrame) -> int:
         leaf = leaves.apply(i)
         if str(leaf.getClass().getSimpleName()) == "LogicalRDD":
             return int(leaf.rdd().id())
-    raise ValueError("the DataFrame reads no materialized (checkpointed) data")
+    raise InvalidArgumentError("the DataFrame reads no materialized (checkpointed) data")
 
 
 def release(materialized: DataFrame) -> None:

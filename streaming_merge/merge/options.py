@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 
 from pyspark.sql import DataFrame
 
+from streaming_merge.errors import InvalidArgumentError
 from streaming_merge.merge.key_presence import DEFAULT_KEY_PRESENCE_MAX_FILES
 from streaming_merge.merge.materialize import DEFAULT_STORAGE_LEVELS, MaterializePolicy
 from streaming_merge.merge.skipping import SourceStats
@@ -100,23 +101,26 @@ class MergeOptions:
 
     def __post_init__(self) -> None:
         if self.max_attempts < 1:
-            raise ValueError(f"max_attempts must be at least 1, got {self.max_attempts}")
+            raise InvalidArgumentError(f"max_attempts must be at least 1, got {self.max_attempts}")
         if not self.storage_levels:
-            raise ValueError("storage_levels needs at least one storage level name")
+            raise InvalidArgumentError("storage_levels needs at least one storage level name")
         if self.target_file_size < 1:
-            raise ValueError(f"target_file_size must be a positive number of bytes, got {self.target_file_size}")
+            raise InvalidArgumentError(
+                f"target_file_size must be a positive number of bytes, got {self.target_file_size}")
         if self.rewrite_all_candidates_bytes < 0:
-            raise ValueError("rewrite_all_candidates_bytes must be 0 or more bytes, "
+            raise InvalidArgumentError("rewrite_all_candidates_bytes must be 0 or more bytes, "
                              f"got {self.rewrite_all_candidates_bytes}")
         if self.broadcast_scan_min_bytes < 0:
-            raise ValueError(f"broadcast_scan_min_bytes must be 0 or more bytes, got {self.broadcast_scan_min_bytes}")
+            raise InvalidArgumentError(
+                f"broadcast_scan_min_bytes must be 0 or more bytes, got {self.broadcast_scan_min_bytes}")
         if self.interpreted_max_rows < 0:
-            raise ValueError(f"interpreted_max_rows must be 0 or more rows, got {self.interpreted_max_rows}")
+            raise InvalidArgumentError(f"interpreted_max_rows must be 0 or more rows, got {self.interpreted_max_rows}")
         if self.key_presence_max_files < 0:
-            raise ValueError(f"key_presence_max_files must be 0 or more files, got {self.key_presence_max_files}")
+            raise InvalidArgumentError(
+                f"key_presence_max_files must be 0 or more files, got {self.key_presence_max_files}")
         if self.single_pass_min_rows_per_file < 0:
-            raise ValueError("single_pass_min_rows_per_file must be 0 or more rows, "
+            raise InvalidArgumentError("single_pass_min_rows_per_file must be 0 or more rows, "
                              f"got {self.single_pass_min_rows_per_file}")
         if self.min_parallel_file_size < 1:
-            raise ValueError("min_parallel_file_size must be a positive number of bytes, "
+            raise InvalidArgumentError("min_parallel_file_size must be a positive number of bytes, "
                              f"got {self.min_parallel_file_size}")

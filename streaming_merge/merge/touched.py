@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from streaming_merge.errors import MultipleSourceRowMatchingTargetRowError
+from streaming_merge.errors import InvalidArgumentError, MultipleSourceRowMatchingTargetRowError
 from streaming_merge.merge.materialize import storage_level
 from streaming_merge.merge.resolve import (
     SOURCE_PRESENT,
@@ -118,7 +118,8 @@ def find_touched_files(
         lambda: _expressions(resolved, key_pairs, source_columns, keep, broadcast_source))
     if broadcast_source:
         if has_nmbs or (keep_unmatched_source and not key_pairs):
-            raise ValueError("a broadcast findTouchedFiles keeps no unmatched target rows and finds the unmatched "
+            raise InvalidArgumentError(
+                "a broadcast findTouchedFiles keeps no unmatched target rows and finds the unmatched "
                              "source rows by key")
         src = F.broadcast(src.alias(source_alias).withColumn(SOURCE_PRESENT, built.present))
         tgt = tgt.alias(target_alias).withColumn(TARGET_PRESENT, built.present)

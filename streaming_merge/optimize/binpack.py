@@ -26,6 +26,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from streaming_merge.errors import InvalidArgumentError
 from streaming_merge.table.snapshot import DataFile
 
 PartitionKey = tuple[tuple[str, Any], ...]
@@ -86,10 +87,10 @@ def plan_bins(
 ) -> list[Bin]:
     """The bins of ``files``, partitions in first-seen order, bins in size order."""
     if max_file_size < 1 or min_file_size < 1:
-        raise ValueError(f"file sizes must be positive, got max_file_size={max_file_size}, "
+        raise InvalidArgumentError(f"file sizes must be positive, got max_file_size={max_file_size}, "
                          f"min_file_size={min_file_size}")
     if min_num_files < 2:
-        raise ValueError(f"min_num_files must be at least 2 (one file rewritten alone gains nothing), "
+        raise InvalidArgumentError(f"min_num_files must be at least 2 (one file rewritten alone gains nothing), "
                          f"got {min_num_files}")
     candidates = [f for f in files if is_candidate(f, min_file_size, max_deleted_rows_ratio)]
     bins = _pack(candidates, partition_columns, max_file_size)
@@ -101,7 +102,7 @@ def plan_purge_bins(files: Iterable[DataFile], partition_columns: Sequence[str],
     """The bins of a purge: every file with a deletion vector, packed as :func:`plan_bins`
     packs, every bin kept (even one file alone: its new file has no DV)."""
     if max_file_size < 1:
-        raise ValueError(f"max_file_size must be positive, got {max_file_size}")
+        raise InvalidArgumentError(f"max_file_size must be positive, got {max_file_size}")
     return _pack([f for f in files if f.deletion_vector is not None], partition_columns, max_file_size)
 
 

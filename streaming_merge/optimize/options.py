@@ -20,7 +20,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from streaming_merge.errors import DeltaTableError
+from streaming_merge.errors import DeltaTableError, InvalidArgumentError
 from streaming_merge.optimize.binpack import DEFAULT_MAX_DELETED_ROWS_RATIO, DEFAULT_MIN_NUM_FILES
 
 if TYPE_CHECKING:
@@ -54,9 +54,9 @@ class OptimizeOptions:
         for name in ("target_file_size", "min_file_size"):
             value = getattr(self, name)
             if value is not None and value < 1:
-                raise ValueError(f"{name} must be a positive number of bytes, got {value}")
+                raise InvalidArgumentError(f"{name} must be a positive number of bytes, got {value}")
         if self.min_num_files < 2:
-            raise ValueError(f"min_num_files must be at least 2, got {self.min_num_files}")
+            raise InvalidArgumentError(f"min_num_files must be at least 2, got {self.min_num_files}")
         if self.max_deleted_rows_ratio is not None:
             _check_ratio(self.max_deleted_rows_ratio, "max_deleted_rows_ratio")
 
@@ -84,7 +84,7 @@ class OptimizeOptions:
 
 def _check_ratio(value: float, name: str) -> float:
     if not 0 <= value <= 1:  # NaN too
-        raise ValueError(f"{name} must be a share of a file's rows between 0 and 1, got {value}")
+        raise InvalidArgumentError(f"{name} must be a share of a file's rows between 0 and 1, got {value}")
     return float(value)
 
 

@@ -21,7 +21,12 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from streaming_merge.delta_table import DeltaTable
-from streaming_merge.errors import ConcurrentModificationError, DeltaTableError, MaterializedSourceLostError
+from streaming_merge.errors import (
+    ConcurrentModificationError,
+    DeltaTableError,
+    InvalidArgumentError,
+    MaterializedSourceLostError,
+)
 from streaming_merge.merge.builder import DeltaMergeBuilder
 from streaming_merge.merge.command import MergeOptions, merge_conf
 from streaming_merge.merge.materialize import (
@@ -110,12 +115,13 @@ def create_auto_cdc_from_snapshot_flow(
     track_list = name_list(track_history_column_list, "track_history_column_list")
     track_except = name_list(track_history_except_column_list, "track_history_except_column_list")
     if scd_type == 1 and (track_list is not None or track_except is not None):
-        raise ValueError("track_history_column_list / track_history_except_column_list need stored_as_scd_type=2")
+        raise InvalidArgumentError(
+            "track_history_column_list / track_history_except_column_list need stored_as_scd_type=2")
     key_list = column_names(keys, "keys")
     if not key_list:
-        raise ValueError(f"keys must name at least one column, got {keys!r}")
+        raise InvalidArgumentError(f"keys must name at least one column, got {keys!r}")
     if max_attempts < 1:
-        raise ValueError(f"max_attempts must be at least 1, got {max_attempts}")
+        raise InvalidArgumentError(f"max_attempts must be at least 1, got {max_attempts}")
     location = resolve(target, spark, storage_options)
     flow = _Flow(spark, location, name or f"auto_cdc_from_snapshot:{location.uri}", key_list, scd_type,
                  TrackHistory(track_list, track_except),

@@ -18,6 +18,7 @@ from pyspark.errors import AnalysisException
 from pyspark.sql import DataFrame, SparkSession
 
 from streaming_merge.delta_table import DeltaTable
+from streaming_merge.errors import InvalidArgumentTypeError
 from streaming_merge.snapshots.errors import SnapshotCdcError, SnapshotVersionError
 from streaming_merge.table.location import resolve
 from streaming_merge.table.snapshot import table_exists
@@ -44,7 +45,7 @@ def snapshots(spark: SparkSession, source: SnapshotSource, latest: Callable[[], 
         yield VersionedSnapshot(batch(read_now(spark, source, storage_options)), (last or 0) + 1)
         return
     if not callable(source):
-        raise TypeError("source must be a table path or name, a DataFrame, or a function "
+        raise InvalidArgumentTypeError("source must be a table path or name, a DataFrame, or a function "
                         f"next_snapshot_and_version(latest_version) -> (DataFrame, version) | None; got "
                         f"{type(source).__name__}")
     while True:

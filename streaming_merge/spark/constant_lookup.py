@@ -30,6 +30,7 @@ import numpy as np
 from pyspark.sql import Column, SparkSession
 from pyspark.sql import functions as F
 
+from streaming_merge.errors import InvalidArgumentError
 from streaming_merge.spark.jvm import jvm_class
 from streaming_merge.spark.per_context import PerContext
 
@@ -108,7 +109,7 @@ class ConstantTable:
     @classmethod
     def of(cls, keys: Sequence[int]) -> ConstantTable:
         if len(set(keys)) != len(keys):
-            raise ValueError("lookup: keys must be distinct")
+            raise InvalidArgumentError("lookup: keys must be distinct")
         as_tuple = tuple(int(k) for k in keys)
         return _table(as_tuple) if len(as_tuple) > _SCAN_AT_MOST else cls(as_tuple, 0)
 
@@ -178,7 +179,7 @@ def lookup(spark: SparkSession | None, keys: Sequence[int], values: Sequence[int
     """The value (bigint) of the entry whose key (distinct numbers) is ``key``, ``missing`` for a
     key not among them: ``values[keys.index(key)]`` for every row, in constant time."""
     if len(keys) != len(values):
-        raise ValueError("lookup: as many keys as values")
+        raise InvalidArgumentError("lookup: as many keys as values")
     if not keys:
         return F.lit(missing).cast("bigint")
     table = ConstantTable.of(keys)

@@ -19,6 +19,8 @@ from typing import Any, Literal
 
 from pyspark.sql import Column, SparkSession
 
+from streaming_merge.errors import InvalidArgumentError
+
 ColumnArg = str | Column
 ScdType = Literal[1, 2, "1", "2"]
 
@@ -29,12 +31,13 @@ def column_name(value: Any, option: str) -> str:
     """The column a string (taken as the name itself, as before) or a Column names."""
     if isinstance(value, str):
         if not value:
-            raise ValueError(f"{option}: a column name cannot be empty")
+            raise InvalidArgumentError(f"{option}: a column name cannot be empty")
         return value
     if isinstance(value, Column):
         names = _identifiers(value, option, allow_struct=False)
         return names[0]
-    raise ValueError(f"{option} takes column names (str) or PySpark Columns, got {type(value).__name__} {value!r}")
+    raise InvalidArgumentError(
+        f"{option} takes column names (str) or PySpark Columns, got {type(value).__name__} {value!r}")
 
 
 def column_names(value: Any, option: str) -> list[str]:
@@ -45,7 +48,7 @@ def column_names(value: Any, option: str) -> list[str]:
         return [column_name(value, option)]
     if isinstance(value, Sequence):
         return [column_name(v, option) for v in value]
-    raise ValueError(f"{option} takes a column name, a Column or a list of them, got {value!r}")
+    raise InvalidArgumentError(f"{option} takes a column name, a Column or a list of them, got {value!r}")
 
 
 def name_list(value: Any, option: str) -> list[str] | None:
@@ -57,7 +60,7 @@ def name_list(value: Any, option: str) -> list[str] | None:
     if value is None:
         return None
     if isinstance(value, str | Column) or not isinstance(value, Sequence):
-        raise ValueError(f"{option} must be a list of column names or Columns, got {value!r}")
+        raise InvalidArgumentError(f"{option} must be a list of column names or Columns, got {value!r}")
     if not value:
         return None
     return [column_name(v, option) for v in value]
@@ -74,14 +77,14 @@ def sequence_columns(value: Any) -> list[str]:
         return _identifiers(value, "sequence_by", allow_struct=True)
     if isinstance(value, Sequence):
         return [column_name(v, "sequence_by") for v in value]
-    raise ValueError(f"sequence_by takes a column name, a Column or a list of names, got {value!r}")
+    raise InvalidArgumentError(f"sequence_by takes a column name, a Column or a list of names, got {value!r}")
 
 
 def scd_type_of(value: Any, option: str = "stored_as_scd_type") -> int:
     """1, 2, "1" or "2" (Spark's and Databricks' forms) as an int."""
     if not isinstance(value, bool) and value in (1, 2, "1", "2"):
         return int(value)
-    raise ValueError(f"{option} must be 1 or 2 (or '1' / '2'), got {value!r}")
+    raise InvalidArgumentError(f"{option} must be 1 or 2 (or '1' / '2'), got {value!r}")
 
 
 def renamed(old: str, old_value: Any, new: str, new_value: Any) -> Any:
@@ -91,7 +94,7 @@ def renamed(old: str, old_value: Any, new: str, new_value: Any) -> Any:
     if old_value is None:
         return new_value
     if new_value is not None:
-        raise ValueError(f"Pass {new}=... only: {old}=... is its deprecated alias, and both were given.")
+        raise InvalidArgumentError(f"Pass {new}=... only: {old}=... is its deprecated alias, and both were given.")
     if old not in _WARNED:
         _WARNED.add(old)
         warnings.warn(f"MergeSink({old}=...) is deprecated; use {new}=..., AUTO CDC's name for it.",
@@ -104,7 +107,7 @@ def _identifiers(column: Column, option: str, *, allow_struct: bool) -> list[str
     several for ``struct(a, b)`` when ``allow_struct``."""
     jc = getattr(column, "_jc", None)
     if jc is None:
-        raise ValueError(f"{option}: {column!r} is a Spark Connect Column; pass the column name as a string")
+        raise InvalidArgumentError(f"{option}: {column!r} is a Spark Connect Column; pass the column name as a string")
     node = jc.node()
     kind = node.getClass().getSimpleName()
     if kind == "UnresolvedAttribute":
@@ -116,7 +119,7 @@ def _identifiers(column: Column, option: str, *, allow_struct: bool) -> list[str
         arguments = _seq(node.arguments())
         if arguments and all(a.getClass().getSimpleName() == "UnresolvedAttribute" for a in arguments):
             return [_single_part(_seq(a.nameParts()), column, option) for a in arguments]
-    raise ValueError(_not_an_identifier(column, option, allow_struct))
+    raise InvalidArgumentError(_not_an_identifier(column, option, allow_struct))
 
 
 def _parsed_identifiers(text: str, column: Column, option: str, allow_struct: bool) -> list[str]:
@@ -130,12 +133,12 @@ def _parsed_identifiers(text: str, column: Column, option: str, allow_struct: bo
         values = _seq(parsed.valExprs())
         if values and all(v.getClass().getSimpleName() == "UnresolvedAttribute" for v in values):
             return [_single_part(_seq(v.nameParts()), column, option) for v in values]
-    raise ValueError(_not_an_identifier(column, option, allow_struct))
+    raise InvalidArgumentError(_not_an_identifier(column, option, allow_struct))
 
 
 def _single_part(parts: list[str], column: Column, option: str) -> str:
     if len(parts) != 1:
-        raise ValueError(
+        raise InvalidArgumentError(
             f"{option}: {column!r} is a qualified or nested column reference ({'.'.join(parts)}); pass the column "
             f"identifier without qualifiers, e.g. col({parts[-1]!r}) or {parts[-1]!r}, as Spark's "
             "create_auto_cdc_flow requires.")
@@ -151,3 +154,14 @@ def _not_an_identifier(column: Column, option: str, allow_struct: bool) -> str:
 
 def _seq(scala_seq: Any) -> list[Any]:
     return [scala_seq.apply(i) for i in range(scala_seq.size())]
+
+
+def check_retry_budget(max_attempts: int, max_conflict_retries: int, conflict_backoff: Sequence[float]) -> None:
+    """MergeSink's rerun budget: attempts after lost blocks, reruns after conflicts, their backoff."""
+    if max_attempts < 1:
+        raise InvalidArgumentError(f"max_attempts must be >= 1, got {max_attempts}")
+    if max_conflict_retries < 0:
+        raise InvalidArgumentError(f"max_conflict_retries must be >= 0, got {max_conflict_retries}")
+    if len(conflict_backoff) != 2 or not 0 <= conflict_backoff[0] <= conflict_backoff[1]:
+        raise InvalidArgumentError(f"conflict_backoff must be (first, cap) seconds with 0 <= first <= cap, "
+                                   f"got {conflict_backoff!r}")

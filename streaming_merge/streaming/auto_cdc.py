@@ -27,6 +27,7 @@ from typing import Any
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql.streaming import StreamingQuery
 
+from streaming_merge.errors import InvalidArgumentError
 from streaming_merge.spark.conf import temporary_conf
 from streaming_merge.streaming.arguments import ColumnArg, ScdType
 from streaming_merge.streaming.progress import MergeProgress
@@ -91,10 +92,11 @@ def create_auto_cdc_flow(
     again (as Databricks reruns a one-time flow on a full refresh).
     """
     if "app_id" in sink_options and name is not None:
-        raise ValueError("Pass name=... or app_id=..., not both: the flow's name is the sink's app_id.")
+        raise InvalidArgumentError("Pass name=... or app_id=..., not both: the flow's name is the sink's app_id.")
     if once:
         if trigger is not None or checkpoint_location is not None:
-            raise ValueError("once=True applies a batch source one time, in this call: it takes no trigger and no "
+            raise InvalidArgumentError(
+                "once=True applies a batch source one time, in this call: it takes no trigger and no "
                              "checkpoint_location")
         frame = _batch_frame(source, spark)
         if name is None and "app_id" not in sink_options:
@@ -139,9 +141,11 @@ def _batch_frame(source: DataFrame | str, spark: SparkSession | None = None) -> 
         spark = spark or SparkSession.builder.getOrCreate()
         source = spark.table(source)
     if not isinstance(source, DataFrame):
-        raise ValueError(f"source must be a DataFrame or the name of a table or view, got {type(source).__name__}")
+        raise InvalidArgumentError(
+            f"source must be a DataFrame or the name of a table or view, got {type(source).__name__}")
     if source.isStreaming:
-        raise ValueError("once=True needs a batch source (spark.read... or a table), as Databricks' one-time flows "
+        raise InvalidArgumentError(
+            "once=True needs a batch source (spark.read... or a table), as Databricks' one-time flows "
                          "do; for a stream that should stop when it has read what is there, use "
                          "trigger={'availableNow': True}")
     return source
@@ -156,17 +160,19 @@ def _streaming_frame(source: DataFrame | str, spark: SparkSession | None = None)
             frame = spark.readStream.table(source)
         return frame
     if not isinstance(source, DataFrame):
-        raise ValueError(f"source must be a streaming DataFrame or the name of a streaming view or table, "
+        raise InvalidArgumentError(f"source must be a streaming DataFrame or the name of a streaming view or table, "
                          f"got {type(source).__name__}")
     if not source.isStreaming:
-        raise ValueError("create_auto_cdc_flow needs a streaming source (spark.readStream...); to apply a batch "
+        raise InvalidArgumentError(
+            "create_auto_cdc_flow needs a streaming source (spark.readStream...); to apply a batch "
                          "DataFrame one time (a backfill), pass once=True.")
     return source
 
 
 def _trigger(trigger: Mapping[str, Any]) -> dict[str, Any]:
     if len(trigger) != 1 or next(iter(trigger)) not in _TRIGGERS:
-        raise ValueError(f"trigger must be one of {{'processingTime': '10 seconds'}}, {{'availableNow': True}} or "
+        raise InvalidArgumentError(
+            f"trigger must be one of {{'processingTime': '10 seconds'}}, {{'availableNow': True}} or "
                          f"{{'once': True}}, got {dict(trigger)!r} (foreachBatch has no continuous mode)")
     return dict(trigger)
 

@@ -23,7 +23,7 @@ from pyspark.sql import Column, DataFrame, Observation, Window
 from pyspark.sql import functions as F
 from pyspark.sql.types import StructType
 
-from streaming_merge.errors import MergeAnalysisError, MultipleSourceRowMatchingTargetRowError
+from streaming_merge.errors import InvalidArgumentError, MergeAnalysisError, MultipleSourceRowMatchingTargetRowError
 from streaming_merge.spark.per_context import PerContext
 from streaming_merge.streaming.sequence_layout import CDC_METADATA, UPSERT_SEQUENCE
 
@@ -67,15 +67,16 @@ class CdcSpec:
 
     def __post_init__(self) -> None:
         if not self.keys:
-            raise ValueError("keys must name at least one column")
+            raise InvalidArgumentError("keys must name at least one column")
         if self.dedupe not in ("last", "error"):
-            raise ValueError(f"dedupe must be 'last' or 'error', got {self.dedupe!r}")
+            raise InvalidArgumentError(f"dedupe must be 'last' or 'error', got {self.dedupe!r}")
         given = [name for name, value in (("ignore_null_updates=True", self.ignore_null_updates or None),
                                           ("ignore_null_updates_column_list", self.ignore_null_columns),
                                           ("ignore_null_updates_except_column_list", self.ignore_null_except))
                  if value is not None]
         if len(given) > 1:
-            raise ValueError(f"Pass one of {' / '.join(given)}: they are alternatives (every column, only the "
+            raise InvalidArgumentError(
+                f"Pass one of {' / '.join(given)}: they are alternatives (every column, only the "
                              "listed ones, all but the listed ones), as in Spark's create_auto_cdc_flow.")
 
     def check_columns(self, columns: Sequence[str]) -> None:
@@ -190,13 +191,13 @@ class ColumnSelection:
 
     def __post_init__(self) -> None:
         if self.include is not None and self.exclude is not None:
-            raise ValueError("Pass column_list or except_column_list, not both.")
+            raise InvalidArgumentError("Pass column_list or except_column_list, not both.")
         for name, value in (("column_list", self.include), ("except_column_list", self.exclude)):
             if value is not None and (isinstance(value, str) or not all(isinstance(c, str) for c in value)):
-                raise ValueError(f"{name} must be a list of column names, got {value!r}")
+                raise InvalidArgumentError(f"{name} must be a list of column names, got {value!r}")
         dropped_required = sorted({c.lower() for c in self.exclude or ()} & {c.lower() for c in self.required})
         if dropped_required:
-            raise ValueError(
+            raise InvalidArgumentError(
                 f"except_column_list names {dropped_required}, which the sink needs in the table: keys are always "
                 "kept (the MERGE matches on them)."
             )
@@ -319,7 +320,8 @@ def _plan(spec: CdcSpec, columns: Sequence[str], types: dict[str, str], partitio
         observed.append(F.count(F.when(valid_event & ~F.col(DELETE_FLAG) & ~complete, 1)).alias("partialEvents"))
     if spec.truncate_when is not None:
         if not spec.sequence_by:
-            raise ValueError("apply_as_truncates needs sequence_by: a truncate applies as of its sequence value")
+            raise InvalidArgumentError(
+                "apply_as_truncates needs sequence_by: a truncate applies as of its sequence value")
         observed += [F.collect_list(F.when(F.col(TRUNCATE_FLAG), spec.sequence())).alias("truncates"),
                      F.count(F.when(F.col(TRUNCATE_FLAG) & first.isNull(), 1)).alias("truncateNulls")]
     # One projection for the three flags (each DataFrame operation analyses the whole plan again).

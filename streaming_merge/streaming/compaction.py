@@ -32,6 +32,7 @@ from typing import Any
 
 from pyspark.sql import SparkSession
 
+from streaming_merge.errors import InvalidArgumentError
 from streaming_merge.optimize.binpack import (
     DEFAULT_MIN_NUM_FILES,
     PartitionKey,
@@ -62,11 +63,11 @@ class AutoCompact:
 
     def __post_init__(self) -> None:
         if self.every_batches is None and self.min_small_files is None:
-            raise ValueError("AutoCompact needs every_batches=N or min_small_files=M (or both)")
+            raise InvalidArgumentError("AutoCompact needs every_batches=N or min_small_files=M (or both)")
         for name in ("every_batches", "min_small_files", "target_file_size", "min_file_size"):
             value = getattr(self, name)
             if value is not None and value < 1:
-                raise ValueError(f"AutoCompact.{name} must be a positive integer, got {value}")
+                raise InvalidArgumentError(f"AutoCompact.{name} must be a positive integer, got {value}")
         OptimizeOptions(min_num_files=self.min_num_files, max_deleted_rows_ratio=self.max_deleted_rows_ratio)
 
     def optimize_options(self, configuration: dict[str, str | None]) -> OptimizeOptions:

@@ -16,7 +16,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from pyspark.sql.streaming import StreamingQueryListener
@@ -49,6 +49,8 @@ class MergeProgress:
     numTruncates: int = 0
     # Reruns of the batch after a commit that conflicted with another writer's (of ``attempts``).
     conflictRetries: int = 0
+    # The streaming query whose batch this was (Spark's query id); None when called directly.
+    queryId: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
@@ -94,14 +96,29 @@ class ProgressLog:
     def __init__(self, capacity: int) -> None:
         self._records: deque[MergeProgress] = deque(maxlen=capacity)
         self._lock = threading.Lock()
+        self._query = threading.local()  # the streaming query whose batch the calling thread runs
+
+    def running(self, spark: Any) -> str | None:
+        """The streaming query whose batch the calling thread now runs (Spark's query id; None
+        when the sink is called directly), remembered for this thread's records."""
+        self._query.id = spark.sparkContext.getLocalProperty("sql.streaming.queryId") or None
+        return self._query.id  # type: ignore[no-any-return]
 
     def add(self, progress: MergeProgress) -> None:
+        """Record ``progress``, stamped with the query whose batch the calling thread runs."""
+        progress = replace(progress, queryId=getattr(self._query, "id", None))
         with self._lock:
             self._records.append(progress)
 
-    def get(self, batch_id: int) -> MergeProgress | None:
+    def get(self, batch_id: int, query_id: str | None = None) -> MergeProgress | None:
+        """The latest record of ``batch_id``; of that query's batch when ``query_id`` is given."""
         with self._lock:
-            return next((p for p in reversed(self._records) if p.batchId == batch_id), None)
+            return next((p for p in reversed(self._records)
+                         if p.batchId == batch_id and (query_id is None or p.queryId == query_id)), None)
+
+    def query_ids(self) -> set[str]:
+        with self._lock:
+            return {p.queryId for p in self._records if p.queryId is not None}
 
     def last(self) -> MergeProgress | None:
         with self._lock:
@@ -113,8 +130,10 @@ class ProgressLog:
 
 
 class MergeProgressListener(StreamingQueryListener):
-    """Hands ``on_progress`` one record per batch: Spark's progress plus ``merge`` (the
-    sink's MergeProgress of the same batchId), once both exist."""
+    """Hands ``on_progress`` one record per batch of the queries ``sink`` serves: Spark's
+    progress plus ``merge``, the sink's MergeProgress of the same query and batch. A listener
+    hears every query of the session, so another query's progress (whose batch ids repeat
+    ours) is left out."""
 
     def __init__(self, sink: Any, on_progress: Callable[[dict[str, Any]], None]) -> None:
         self._sink = sink
@@ -125,8 +144,11 @@ class MergeProgressListener(StreamingQueryListener):
 
     def onQueryProgress(self, event: Any) -> None:
         progress = event.progress
+        query_id = str(progress.id)
+        if query_id not in self._sink.served_query_ids():
+            return
         spark_record = json.loads(progress.json)
-        merge = self._sink.progress_for(progress.batchId)
+        merge = self._sink.progress_for(progress.batchId, query_id)
         spark_record["merge"] = merge.to_dict() if merge is not None else None
         try:
             self._on_progress(spark_record)

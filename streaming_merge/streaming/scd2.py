@@ -44,7 +44,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import StructField, StructType
 from pyspark.sql.window import WindowSpec
 
-from streaming_merge.errors import MergeAnalysisError
+from streaming_merge.errors import InvalidArgumentError, MergeAnalysisError
 from streaming_merge.merge.skipping import ColumnScope, SkippingPlan
 from streaming_merge.streaming.cdc import DELETE_FLAG, CdcSpec
 from streaming_merge.table.scan import scan_files
@@ -81,11 +81,11 @@ class TrackHistory:
 
     def __post_init__(self) -> None:
         if self.include is not None and self.exclude is not None:
-            raise ValueError("Pass track_history_column_list or track_history_except_column_list, not both.")
+            raise InvalidArgumentError("Pass track_history_column_list or track_history_except_column_list, not both.")
         for name, value in (("track_history_column_list", self.include),
                             ("track_history_except_column_list", self.exclude)):
             if value is not None and (isinstance(value, str) or not all(isinstance(c, str) for c in value)):
-                raise ValueError(f"{name} must be a list of column names, got {value!r}")
+                raise InvalidArgumentError(f"{name} must be a list of column names, got {value!r}")
 
     def tracked(self, spec: CdcSpec, columns: Sequence[str]) -> list[str]:
         """The tracked columns among the table's ``columns``; names that are not data columns

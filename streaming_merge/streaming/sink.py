@@ -26,6 +26,7 @@ from streaming_merge.delta_table import DeltaTable
 from streaming_merge.errors import (
     ConcurrentModificationError,
     DeltaTableError,
+    InvalidArgumentError,
     MaterializedSourceLostError,
     StreamingMergeError,
 )
@@ -40,6 +41,7 @@ from streaming_merge.spark.slots import task_slots
 from streaming_merge.streaming.arguments import (
     ColumnArg,
     ScdType,
+    check_retry_budget,
     column_names,
     name_list,
     renamed,
@@ -75,6 +77,7 @@ from streaming_merge.streaming.sink_clauses import (
 from streaming_merge.streaming.tombstones import Tombstones
 from streaming_merge.table.follow import FollowedTable
 from streaming_merge.table.location import TableLocation, resolve
+from streaming_merge.table.option_check import checked_storage_options
 from streaming_merge.table.snapshot import Snapshot, file_rows, table_exists
 from streaming_merge.table.write import parquet_write_conf
 
@@ -165,18 +168,13 @@ class MergeSink:
         scd = scd_type_of(1 if scd_value is None else scd_value)
         key_list = column_names(keys, "keys")
         if not key_list and condition is None:
-            raise ValueError("MergeSink needs keys=[...] or condition='t.k = s.k'")
-        if max_attempts < 1:
-            raise ValueError(f"max_attempts must be >= 1, got {max_attempts}")
-        if max_conflict_retries < 0:
-            raise ValueError(f"max_conflict_retries must be >= 0, got {max_conflict_retries}")
-        if len(conflict_backoff) != 2 or not 0 <= conflict_backoff[0] <= conflict_backoff[1]:
-            raise ValueError(f"conflict_backoff must be (first, cap) seconds with 0 <= first <= cap, "
-                             f"got {conflict_backoff!r}")
+            raise InvalidArgumentError("MergeSink needs keys=[...] or condition='t.k = s.k'")
+        check_retry_budget(max_attempts, max_conflict_retries, conflict_backoff)
         if not isinstance(target, str) or not target.strip():
-            raise ValueError(f"MergeSink needs a target table path or URI, got {target!r}")
+            raise InvalidArgumentError(f"MergeSink needs a target table path or URI, got {target!r}")
         self.target = target  # as given until the first batch resolves it with the session's file system
         self._storage_options = dict(storage_options or {})
+        checked_storage_options(target, self._storage_options)  # a misspelt option fails here, not at batch 0
         self._location: TableLocation | None = None
         self._followed: FollowedTable | None = None  # the target, from one batch to the next
         # List options take names or Columns; an empty list is no selection (see name_list).
@@ -185,10 +183,10 @@ class MergeSink:
         partial = (ignore_null_updates or null_columns is not None or null_except is not None
                    or unavailable_value is not None)
         if partial and not key_list:
-            raise ValueError("ignore_null_updates / unavailable_value need keys=[...]: a partial update is "
+            raise InvalidArgumentError("ignore_null_updates / unavailable_value need keys=[...]: a partial update is "
                              "folded per key")
         if partial and schema_evolution:
-            raise ValueError("ignore_null_updates / unavailable_value cannot be combined with schema_evolution yet "
+            raise InvalidArgumentError("ignore_null_updates / unavailable_value cannot go with schema_evolution yet "
                              "(their MERGE assigns columns one by one, which does not add new columns)")
         sequence_list = sequence_columns(sequence_by)
         track_list = name_list(track_history_column_list, "track_history_column_list")
@@ -211,7 +209,7 @@ class MergeSink:
         self._joins_on_keys = condition is None and self._spec is not None and scd == 1
         self._selection = ColumnSelection(selected, excepted, key_list)
         if clauses is not None and self._spec is not None and self._selection.leaves_out(sequence_list):
-            raise ValueError(
+            raise InvalidArgumentError(
                 f"column_list / except_column_list leave the sequence_by column(s) "
                 f"{self._selection.leaves_out(sequence_list)} out of the table, which custom clauses cannot do: the "
                 f"sequence then goes to `{CDC_METADATA}`, which only the upsert preset maintains.")
@@ -255,8 +253,11 @@ class MergeSink:
     def recentProgress(self) -> list[dict[str, Any]]:
         return [p.to_dict() for p in self._progress.all()]
 
-    def progress_for(self, batch_id: int) -> MergeProgress | None:
-        return self._progress.get(batch_id)
+    def progress_for(self, batch_id: int, query_id: str | None = None) -> MergeProgress | None:
+        return self._progress.get(batch_id, query_id)
+
+    def served_query_ids(self) -> set[str]:  # the streaming queries whose batches it recorded
+        return self._progress.query_ids()
 
     # ------------------------------------------------------------------ the batch
 
@@ -288,7 +289,8 @@ class MergeSink:
         spark = batch_df.sparkSession
         ready_driver_thread(spark)
         self._bind(spark)
-        app_id = self._resolve_app_id(spark)
+        query_id = self._progress.running(spark)
+        app_id = self._resolve_app_id(query_id)
         lost = conflicts = 0  # attempts that lost their materialized blocks; reruns after a conflict
         attempt = 0
         while True:
@@ -490,10 +492,9 @@ class MergeSink:
             return 1
         return task_slots(spark)
 
-    def _resolve_app_id(self, spark: SparkSession) -> str:
+    def _resolve_app_id(self, query_id: str | None) -> str:
         if self._app_id:
             return self._app_id
-        query_id = spark.sparkContext.getLocalProperty("sql.streaming.queryId")
         if not query_id:
             raise StreamingMergeError(
                 "MergeSink has no app_id and is not running inside a streaming query (no query id); pass "

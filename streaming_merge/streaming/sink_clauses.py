@@ -12,6 +12,7 @@ from collections.abc import Callable, Sequence
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
+from streaming_merge.errors import InvalidArgumentError
 from streaming_merge.merge.builder import DeltaMergeBuilder
 from streaming_merge.merge.skipping import SourceStats
 from streaming_merge.streaming.cdc import DELETE_FLAG, PROVIDER_PREFIX, RESET_COL, CdcSpec
@@ -38,20 +39,23 @@ def check_history_options(scd_type: int, keys: Sequence[str], sequence_by: Seque
                           truncates: str | Column | None) -> None:
     """Refuse option combinations SCD 2 and truncates cannot honour, before anything is written."""
     if scd_type == 1 and (track_list is not None or track_except is not None):
-        raise ValueError("track_history_column_list / track_history_except_column_list need stored_as_scd_type=2")
+        raise InvalidArgumentError(
+            "track_history_column_list / track_history_except_column_list need stored_as_scd_type=2")
     if scd_type == 2:
         if not keys or not sequence_by:
-            raise ValueError("stored_as_scd_type=2 needs keys=[...] and sequence_by=...: the history is ordered by "
+            raise InvalidArgumentError(
+                "stored_as_scd_type=2 needs keys=[...] and sequence_by=...: the history is ordered by "
                              "the sequence values of each key's events")
         for given, name in ((clauses, "clauses"), (schema_evolution, "schema_evolution")):
             if given:
-                raise ValueError(f"stored_as_scd_type=2 cannot be combined with {name} (not supported yet)")
+                raise InvalidArgumentError(f"stored_as_scd_type=2 cannot be combined with {name} (not supported yet)")
     if truncates is not None:
         if not keys or not sequence_by:
-            raise ValueError("apply_as_truncates needs keys=[...] and sequence_by=...: a truncate applies as of "
+            raise InvalidArgumentError(
+                "apply_as_truncates needs keys=[...] and sequence_by=...: a truncate applies as of "
                              "its sequence value")
         if clauses is not None:
-            raise ValueError("apply_as_truncates cannot be combined with custom clauses")
+            raise InvalidArgumentError("apply_as_truncates cannot be combined with custom clauses")
 
 
 def cdc_upsert(spec: CdcSpec | None, builder: DeltaMergeBuilder, source_columns: Sequence[str],

@@ -31,7 +31,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import IntegralType
 
 from streaming_merge.delta_table import DeltaTable
-from streaming_merge.errors import ConcurrentModificationError
+from streaming_merge.errors import ConcurrentModificationError, InvalidArgumentError
 from streaming_merge.merge.skipping import ColumnScope, SkippingPlan, decoded_paths
 from streaming_merge.spark.per_context import PerContext
 from streaming_merge.streaming.cdc import DELETE_FLAG, CdcSpec, clustered_by_keys, values_newer_than
@@ -79,7 +79,8 @@ class Tombstones:
 
     def __init__(self, path: TableLocation, spec: CdcSpec, retention: dt.timedelta, purge_every: int) -> None:
         if not spec.sequence_by:
-            raise ValueError("tombstones need sequence_by: without it there is nothing to compare a late event to")
+            raise InvalidArgumentError(
+                "tombstones need sequence_by: without it there is nothing to compare a late event to")
         self.path = path
         self._followed = FollowedTable(path)
         self._spec = spec

@@ -35,7 +35,7 @@ import obstore
 import pyroaring
 from obstore.exceptions import AlreadyExistsError
 
-from streaming_merge.errors import DeltaTableError
+from streaming_merge.errors import DeltaTableError, InvalidArgumentError
 from streaming_merge.table.store import NOT_FOUND, first_line, table_store
 
 __all__ = [
@@ -78,7 +78,7 @@ def z85_encode(data: bytes) -> str:
     """Z85 text of ``data``, whose length must be a multiple of 4 (Z85 has no padding rule;
     callers with unaligned data pad first, see :func:`_encode_inline`)."""
     if len(data) % 4:
-        raise ValueError(f"Z85 encodes whole 4-byte blocks; got {len(data)} bytes")
+        raise InvalidArgumentError(f"Z85 encodes whole 4-byte blocks; got {len(data)} bytes")
     return base64.b85encode(data).translate(_B85_TO_Z85).decode("ascii")
 
 
@@ -86,9 +86,9 @@ def z85_decode(text: str) -> bytes:
     """The bytes of Z85 ``text`` (length a multiple of 5); ValueError on anything else, so a
     damaged log entry is reported instead of silently decoding to other bytes."""
     if len(text) % 5:
-        raise ValueError(f"Z85 text must be whole 5-character blocks; got {len(text)} characters")
+        raise InvalidArgumentError(f"Z85 text must be whole 5-character blocks; got {len(text)} characters")
     if not _Z85_CHARS.issuperset(text):
-        raise ValueError("not Z85 text: it contains characters outside the Z85 alphabet")
+        raise InvalidArgumentError("not Z85 text: it contains characters outside the Z85 alphabet")
     return base64.b85decode(text.encode("ascii").translate(_Z85_TO_B85))
 
 
@@ -102,7 +102,7 @@ def _encode_inline(data: bytes) -> str:
 def _decode_inline(text: str, size_in_bytes: int) -> bytes:
     data = z85_decode(text)
     if len(data) < size_in_bytes:
-        raise ValueError(f"inline data holds {len(data)} bytes, fewer than sizeInBytes={size_in_bytes}")
+        raise InvalidArgumentError(f"inline data holds {len(data)} bytes, fewer than sizeInBytes={size_in_bytes}")
     return data[:size_in_bytes]
 
 
@@ -128,7 +128,7 @@ class DeletionVector:
 
     def __post_init__(self) -> None:
         if self.storage_type not in ("u", "i", "p"):
-            raise ValueError(f"unknown deletion vector storageType {self.storage_type!r}")
+            raise InvalidArgumentError(f"unknown deletion vector storageType {self.storage_type!r}")
 
     @staticmethod
     def from_json(d: Mapping[str, Any]) -> DeletionVector:
@@ -172,7 +172,7 @@ class DeletionVector:
             return self.path_or_inline_dv
         text = self.path_or_inline_dv
         if len(text) < _ENCODED_UUID_LENGTH:
-            raise ValueError(f"relative DV path {text!r} is shorter than a Z85 UUID")
+            raise InvalidArgumentError(f"relative DV path {text!r} is shorter than a Z85 UUID")
         prefix, encoded = text[:-_ENCODED_UUID_LENGTH], text[-_ENCODED_UUID_LENGTH:]
         name = f"deletion_vector_{uuid.UUID(bytes=z85_decode(encoded))}.bin"
         return f"{prefix}/{name}" if prefix else name
@@ -201,7 +201,7 @@ def encode_bitmap(positions: pyroaring.AbstractBitMap64) -> bytes:
     is run-optimized first so runs of deleted rows cost a few bytes, as in Delta Spark.
     """
     if len(positions) and positions.max() > _MAX_POSITION:
-        raise ValueError(f"row index {positions.max()} exceeds 2**63 - 1, which Delta cannot store")
+        raise InvalidArgumentError(f"row index {positions.max()} exceeds 2**63 - 1, which Delta cannot store")
     compact = pyroaring.BitMap64(positions)
     compact.run_optimize()
     return struct.pack("<i", MAGIC) + compact.serialize()
@@ -211,16 +211,16 @@ def decode_bitmap(data: bytes) -> pyroaring.BitMap64:
     """The row indexes in RoaringBitmapArray ``data``; ValueError on a wrong magic number or
     bytes CRoaring cannot parse (its safe deserializer checks every length against the input)."""
     if len(data) < 12:
-        raise ValueError(f"a RoaringBitmapArray needs at least 12 bytes, got {len(data)}")
+        raise InvalidArgumentError(f"a RoaringBitmapArray needs at least 12 bytes, got {len(data)}")
     (magic,) = struct.unpack_from("<i", data, 0)
     if magic != MAGIC:
-        raise ValueError(f"bad magic number {magic} (expected {MAGIC}): not a RoaringBitmapArray")
+        raise InvalidArgumentError(f"bad magic number {magic} (expected {MAGIC}): not a RoaringBitmapArray")
     try:
         bitmap = pyroaring.BitMap64.deserialize(data[4:])
     except ValueError as exc:
-        raise ValueError(f"corrupt RoaringBitmapArray: {exc}") from exc
+        raise InvalidArgumentError(f"corrupt RoaringBitmapArray: {exc}") from exc
     if len(bitmap) and bitmap.max() > _MAX_POSITION:
-        raise ValueError("a bucket key has its top bit set, which Delta forbids")
+        raise InvalidArgumentError("a bucket key has its top bit set, which Delta forbids")
     return bitmap
 
 
@@ -248,15 +248,15 @@ def parse_dv_file_entry(entry: bytes, size_in_bytes: int) -> bytes:
     """The bitmap bytes of one DV file entry (size field, bitmap, CRC-32), checked; ValueError
     names what does not match."""
     if len(entry) != 4 + size_in_bytes + 4:
-        raise ValueError(f"the file ends early: {len(entry)} of {4 + size_in_bytes + 4} bytes read")
+        raise InvalidArgumentError(f"the file ends early: {len(entry)} of {4 + size_in_bytes + 4} bytes read")
     (stored_size,) = struct.unpack_from(">i", entry, 0)
     if stored_size != size_in_bytes:
-        raise ValueError(f"the file says the DV has {stored_size} bytes, the log says {size_in_bytes}")
+        raise InvalidArgumentError(f"the file says the DV has {stored_size} bytes, the log says {size_in_bytes}")
     data = entry[4 : 4 + size_in_bytes]
     (stored_crc,) = struct.unpack_from(">I", entry, 4 + size_in_bytes)
     actual_crc = zlib.crc32(data)
     if stored_crc != actual_crc:
-        raise ValueError(f"CRC-32 mismatch (stored {stored_crc:#010x}, computed {actual_crc:#010x})")
+        raise InvalidArgumentError(f"CRC-32 mismatch (stored {stored_crc:#010x}, computed {actual_crc:#010x})")
     return data
 
 
@@ -390,7 +390,7 @@ def write_deletion_vectors(
     encoded = []
     for i, bitmap in enumerate(bitmaps):
         if not len(bitmap):
-            raise ValueError(f"bitmap {i} is empty: a data file without deleted rows must not get a DV")
+            raise InvalidArgumentError(f"bitmap {i} is empty: a data file without deleted rows must not get a DV")
         encoded.append(encode_bitmap(bitmap))
     on_disk = [i for i, data in enumerate(encoded) if len(data) > inline_max_bytes]
     descriptors: list[DeletionVector | None] = [None] * len(encoded)

@@ -33,7 +33,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from streaming_merge.errors import DeltaTableError
+from streaming_merge.errors import DeltaTableError, InvalidArgumentError
 from streaming_merge.table.deletion_vectors import DeletionVector
 from streaming_merge.table.store import NOT_FOUND, first_line, get_bytes, table_store
 
@@ -358,7 +358,7 @@ def _sidecar_path(table: str, sidecar: str) -> str:
         return f"{_LOG}_sidecars/{unquote(sidecar)}"
     if sidecar.startswith(table + "/"):
         return unquote(sidecar[len(table) + 1 :])
-    raise ValueError(f"sidecar `{sidecar}` lies outside the table")
+    raise InvalidArgumentError(f"sidecar `{sidecar}` lies outside the table")
 
 
 def _parquet_adds(parquet: pq.ParquetFile) -> Iterator[_Action]:

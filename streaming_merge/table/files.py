@@ -15,6 +15,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from pyspark.sql import SparkSession
 
+from streaming_merge.errors import InvalidArgumentError
 from streaming_merge.spark.jvm import jvm_class
 
 _PARQUET_MAGIC = b"PAR1"
@@ -85,7 +86,7 @@ class HadoopFiles:
         try:
             tail = self._read(stream, max(0, size - _READ_CHUNK), size)
             if tail[-4:] != _PARQUET_MAGIC:
-                raise ValueError(f"`{path}` is not a Parquet file (no PAR1 magic at its end)")
+                raise InvalidArgumentError(f"`{path}` is not a Parquet file (no PAR1 magic at its end)")
             footer_length = int.from_bytes(tail[-8:-4], "little")
             if footer_length + 8 > len(tail):  # a bigger footer: read what is missing
                 tail = self._read(stream, size - footer_length - 8, size - len(tail)) + tail

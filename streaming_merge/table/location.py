@@ -21,7 +21,9 @@ from urllib.parse import quote
 
 from pyspark.sql import SparkSession
 
+from streaming_merge.errors import InvalidArgumentError
 from streaming_merge.spark.jvm import jvm_class
+from streaming_merge.table.option_check import checked_storage_options
 from streaming_merge.table.storage_options import hadoop_getter, storage_options_for
 
 _SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.\-]*:")
@@ -63,10 +65,10 @@ def resolve(location: TableRef, spark: SparkSession | None = None,
     if isinstance(location, TableLocation):
         if not storage_options:
             return location
-        merged = {**dict(location.storage_options), **storage_options}
+        merged = {**dict(location.storage_options), **checked_storage_options(location.uri, storage_options)}
         return TableLocation(location.uri, location.log_uri, tuple(sorted(merged.items())))
     if not isinstance(location, str) or not location.strip():
-        raise ValueError(f"A table location must be a non-empty path or URI, got {location!r}")
+        raise InvalidArgumentError(f"A table location must be a non-empty path or URI, got {location!r}")
     spark = spark or SparkSession.getActiveSession()
     if spark is None:
         uri, log_uri = _qualify_locally(location)
@@ -76,12 +78,12 @@ def resolve(location: TableRef, spark: SparkSession | None = None,
         derived = storage_options_for(uri, hadoop_getter(spark))
     escape = _ESCAPE_LIKE.search(uri)
     if escape:
-        raise ValueError(
+        raise InvalidArgumentError(
             f"The table location `{uri}` contains `{escape.group()}`, a percent sign followed by two hex "
             "digits: delta-rs (1.x) decodes it a second time and would look for the table's files elsewhere. "
             "Rename the folder (a `%` followed by anything else is fine)."
         )
-    options = {**derived, **(storage_options or {})}
+    options = {**derived, **checked_storage_options(uri, storage_options or {})}
     return TableLocation(uri, log_uri, tuple(sorted(options.items())))
 
 
@@ -90,7 +92,7 @@ def _qualify_with_hadoop(spark: SparkSession, location: str) -> tuple[str, str]:
     try:
         filesystem = path.getFileSystem(spark._jsc.hadoopConfiguration())
     except Exception as exc:  # py4j wraps e.g. UnsupportedFileSystemException: No FileSystem for scheme "s3a"
-        raise ValueError(
+        raise InvalidArgumentError(
             f"Spark cannot reach the table location `{location}`: {str(exc).splitlines()[0]} "
             "(is the file system's connector, e.g. hadoop-aws for s3a://, on the classpath?)"
         ) from exc

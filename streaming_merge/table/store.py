@@ -66,6 +66,12 @@ def first_line(exc: BaseException) -> str:
     return text.splitlines()[0] if text else type(exc).__name__
 
 
+def client_option_name(name: str) -> str | None:
+    """obstore's HTTP client option a storage option names (``AWS_ALLOW_HTTP`` -> ``allow_http``)."""
+    base = _STORE_PREFIX.sub("", name.lower())
+    return base if base in _CLIENT_KEYS else None
+
+
 def _local_path(url: str) -> str | None:
     """The local path of a ``file:`` URL or of a plain path; None for other schemes."""
     parts = urlsplit(url)
@@ -86,8 +92,8 @@ def _build_store(url: str, options: dict[str, str]) -> Any:
     client: dict[str, str] = {}
     config: dict[str, str] = {}
     for name, value in options.items():
-        base = _STORE_PREFIX.sub("", name.lower())
-        if base in _CLIENT_KEYS:
+        base = client_option_name(name)
+        if base is not None:
             client[base] = value
         else:
             config[name] = value

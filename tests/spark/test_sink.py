@@ -272,36 +272,50 @@ def test_a_target_deleted_and_created_again_between_batches_is_read_afresh(
     assert sorted(table_state(read(table_path))) == [0, 8]
 
 
-def test_real_streaming_query_with_progress_listener(spark: SparkSession, tmp_path: Any) -> None:
-    batches = generate(7, batches=3, events_per_batch=10, keys=6)
-    source, target = str(tmp_path / "in"), str(tmp_path / "out")
-    write_files(source, batches)
-    sink = MergeSink(target, keys=["id"], sequence_by="lsn", delete_when="op = 'd'")
-    combined: list[dict[str, Any]] = []
-    done = threading.Event()
+def test_two_streaming_queries_each_get_one_progress_record_per_batch(spark: SparkSession, tmp_path: Any) -> None:
+    """Two queries at once in one session, each with its sink and listener: a listener hears
+    both queries' progress (their batch ids repeat), and must pair each of its own query's
+    batches with its own sink's record, once."""
+    runs = {name: (generate(seed, batches=count, events_per_batch=10, keys=6), MergeSink(
+        str(tmp_path / name / "out"), keys=["id"], sequence_by="lsn", delete_when="op = 'd'"))
+        for name, seed, count in (("first", 7, 3), ("second", 8, 2))}
+    records: dict[str, list[dict[str, Any]]] = {name: [] for name in runs}
+    done = {name: threading.Event() for name in runs}
+    listeners = []
+    for name, (batches, sink) in runs.items():
+        write_files(str(tmp_path / name / "in"), batches)
 
-    def on_progress(record: dict[str, Any]) -> None:
-        combined.append(record)
-        if len(combined) == len(batches):
-            done.set()
+        def on_progress(record: dict[str, Any], name: str = name, expected: int = len(batches)) -> None:
+            records[name].append(record)
+            if len(records[name]) >= expected:
+                done[name].set()
 
-    listener = MergeProgressListener(sink, on_progress)
-    spark.streams.addListener(listener)
+        listeners.append(MergeProgressListener(sink, on_progress))
+        spark.streams.addListener(listeners[-1])
     try:
-        query = (spark.readStream.schema(SCHEMA).option("maxFilesPerTrigger", 1).json(source)
-                 .writeStream.foreachBatch(sink).option("checkpointLocation", str(tmp_path / "chk"))
-                 .trigger(availableNow=True).start())
-        query.awaitTermination()
-        assert done.wait(60), f"listener saw {len(combined)} of {len(batches)} progress events"
+        queries = {name: (spark.readStream.schema(SCHEMA).option("maxFilesPerTrigger", 1)
+                          .json(str(tmp_path / name / "in")).writeStream.foreachBatch(sink)
+                          .option("checkpointLocation", str(tmp_path / name / "chk"))
+                          .trigger(availableNow=True).start())
+                   for name, (_, sink) in runs.items()}
+        for name, query in queries.items():
+            query.awaitTermination()
+            assert done[name].wait(60), f"{name}'s listener saw {len(records[name])} progress events"
     finally:
-        spark.streams.removeListener(listener)
-    assert table_state(read(target)) == expected_state(batches)
-    assert deltalake.DeltaTable(target).transaction_version(str(query.id)) == len(batches) - 1
-    for record in combined:
-        assert record["merge"] is not None and record["merge"]["batchId"] == record["batchId"]
-        assert record["merge"]["numInputRows"] == record["numInputRows"]
-        assert record["merge"]["appId"] == record["id"]
-        assert "numTargetRowsInserted" in record["merge"]["metrics"]
+        for listener in listeners:
+            spark.streams.removeListener(listener)
+    for name, (batches, sink) in runs.items():
+        query_id, target = str(queries[name].id), str(tmp_path / name / "out")
+        assert table_state(read(target)) == expected_state(batches)
+        assert deltalake.DeltaTable(target).transaction_version(query_id) == len(batches) - 1
+        assert sorted(r["batchId"] for r in records[name]) == list(range(len(batches))), records[name]
+        for record in records[name]:
+            assert record["id"] == query_id, "another query's progress reached this listener"
+            merge = record["merge"]
+            assert merge is not None and merge["batchId"] == record["batchId"], record
+            assert (merge["queryId"], merge["appId"], merge["target"]) == (query_id, query_id, sink.target)
+            assert merge["numInputRows"] == record["numInputRows"]
+            assert "numTargetRowsInserted" in merge["metrics"]
 
 
 def test_tombstone_append_runs_beside_the_merge_which_commits_only_after_it(

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from streaming_merge.errors import StorageOptionError, StreamingMergeError
 from streaming_merge.table.location import TableLocation, resolve
 from streaming_merge.table.storage_options import storage_options_for
 
@@ -106,3 +107,24 @@ def test_the_table_layer_makes_no_local_file_system_call() -> None:
                  for number, line in enumerate(module.read_text().splitlines(), 1)
                  if _LOCAL_FS.search(line) and not line.lstrip().startswith("#")]
     assert offending == []
+
+
+def test_a_misspelt_storage_option_is_an_error_naming_it_and_the_known_ones() -> None:
+    """A typo would otherwise fall back to a default (the default endpoint) silently."""
+    with pytest.raises(StorageOptionError, match=r"`AWS_ENDPONT_URL`.*did you mean `AWS_ENDPOINT_URL`\?.*"
+                                                 r"Known options: .*AWS_ALLOW_HTTP.*passthrough\.") as raised:
+        resolve("s3a://bucket/t", storage_options={"AWS_ENDPONT_URL": "http://minio:9000", "AWS_REGION": "eu-west-1"})
+    assert isinstance(raised.value, ValueError) and isinstance(raised.value, StreamingMergeError)
+    assert "AWS_REGION" not in str(raised.value).split("Known options")[0]
+    # obstore's own keys, its client options, delta-rs' own, each store's spelling on a local table
+    accepted = {"AWS_ENDPOINT_URL": "http://minio:9000", "aws_allow_http": "true", "AWS_S3_ALLOW_UNSAFE_RENAME": "true",
+                "DELTA_DYNAMO_TABLE_NAME": "locks", "AWS_VIRTUAL_HOSTED_STYLE_REQUEST": "false"}
+    assert resolve("s3://bucket/t", storage_options=accepted).options == accepted
+    assert resolve("gs://bucket/t", storage_options={"GOOGLE_SERVICE_ACCOUNT": "/k.json"}).options is not None
+    with pytest.raises(StorageOptionError, match="GOOGLE_SERVICE_ACOUNT"):
+        resolve("gs://bucket/t", storage_options={"GOOGLE_SERVICE_ACOUNT": "/k.json"})
+    with pytest.raises(StorageOptionError, match="S3, GCS or Azure"):
+        resolve("/lake/t", storage_options={"AWS_REGON": "eu-west-1"})
+    # an option only the cluster knows passes under the prefix, without it
+    passed = resolve("s3a://bucket/t", storage_options={"passthrough.MY_PROXY_TOKEN": "x"})
+    assert passed.options == {"MY_PROXY_TOKEN": "x"}
