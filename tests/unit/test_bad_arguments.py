@@ -40,7 +40,8 @@ CASES: dict[str, tuple[Callable[[], Any], type[Exception], str]] = {
 
 
 @pytest.mark.parametrize("case", list(CASES))
-def test_bad_arguments_raise_our_error_which_is_also_a_value_error(case: str) -> None:
+def test_bad_arguments_raise_our_error_which_is_also_a_value_error(case: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("pyspark.sql.SparkSession.getActiveSession", staticmethod(lambda: None))
     call, error, message = CASES[case]
     with pytest.raises(error, match=message) as raised:
         call()

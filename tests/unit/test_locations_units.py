@@ -109,8 +109,10 @@ def test_the_table_layer_makes_no_local_file_system_call() -> None:
     assert offending == []
 
 
-def test_a_misspelt_storage_option_is_an_error_naming_it_and_the_known_ones() -> None:
-    """A typo would otherwise fall back to a default (the default endpoint) silently."""
+def test_a_misspelt_storage_option_is_an_error_naming_it_and_the_known_ones(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A typo would otherwise fall back to a default (the default endpoint) silently. (No
+    SparkSession: the whole suite's would qualify s3a:// paths through Hadoop, which has no S3A.)"""
+    monkeypatch.setattr("pyspark.sql.SparkSession.getActiveSession", staticmethod(lambda: None))
     with pytest.raises(StorageOptionError, match=r"`AWS_ENDPONT_URL`.*did you mean `AWS_ENDPOINT_URL`\?.*"
                                                  r"Known options: .*AWS_ALLOW_HTTP.*passthrough\.") as raised:
         resolve("s3a://bucket/t", storage_options={"AWS_ENDPONT_URL": "http://minio:9000", "AWS_REGION": "eu-west-1"})
