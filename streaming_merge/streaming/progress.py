@@ -98,11 +98,10 @@ class ProgressLog:
         self._lock = threading.Lock()
         self._query = threading.local()  # the streaming query whose batch the calling thread runs
 
-    def running(self, spark: Any) -> str | None:
-        """The streaming query whose batch the calling thread now runs (Spark's query id; None
-        when the sink is called directly), remembered for this thread's records."""
-        self._query.id = spark.sparkContext.getLocalProperty("sql.streaming.queryId") or None
-        return self._query.id  # type: ignore[no-any-return]
+    def running(self, query_id: str | None) -> None:
+        """The calling thread now runs a batch of ``query_id`` (None: the sink called directly);
+        its records are stamped with it."""
+        self._query.id = query_id
 
     def add(self, progress: MergeProgress) -> None:
         """Record ``progress``, stamped with the query whose batch the calling thread runs."""

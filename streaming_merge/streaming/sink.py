@@ -289,7 +289,8 @@ class MergeSink:
         spark = batch_df.sparkSession
         ready_driver_thread(spark)
         self._bind(spark)
-        query_id = self._progress.running(spark)
+        query_id = spark.sparkContext.getLocalProperty("sql.streaming.queryId") or None
+        self._progress.running(query_id)
         app_id = self._resolve_app_id(query_id)
         lost = conflicts = 0  # attempts that lost their materialized blocks; reruns after a conflict
         attempt = 0
