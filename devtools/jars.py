@@ -1,7 +1,8 @@
 """Fetch and cache every jar the tests and benchmarks run: Apache Kafka's broker and Kafka
 Connect (Maven Central, through ``mvn`` with a local repository of our own, so that ``~/.m2``
 never gets the POM-only entries that break Spark's Ivy), Debezium's PostgreSQL connector
-plugin, and the Spark packages (Spark's Kafka connector, Delta Lake) through Spark's Ivy.
+plugin, and the Spark packages (Spark's Kafka connector, Delta Lake, Hadoop's S3A connector with
+the AWS SDK bundle, a ~690 MB jar) through Spark's Ivy.
 
 ``python -m devtools.jars`` fetches all of them once (``.ci/run`` does, before the tests); a
 jar that cannot be had is an error here, never a skipped test. The cache is
@@ -97,9 +98,12 @@ def debezium_plugins() -> Path:
     return folder
 
 
-def spark_packages(names: tuple[str, ...] = ("kafka", "delta")) -> None:
+SPARK_PACKAGES = ("kafka", "delta", "s3a")
+
+
+def spark_packages(names: tuple[str, ...] = SPARK_PACKAGES) -> None:
     """Resolve the Spark packages into Spark's Ivy cache: one driver JVM that starts with them
-    and stops (a fresh cache takes about a minute)."""
+    and stops (a fresh cache takes about a minute; Ivy then only checks it, ~1-2 s)."""
     code = ("import sys; from pyspark.sql import SparkSession; "
             "from streaming_merge.spark.packages import package_conf; b = SparkSession.builder.master('local[1]'); "
             "[b.config(k, v) for k, v in package_conf(tuple(sys.argv[1:])).items()]; "
