@@ -58,6 +58,8 @@ class ChangeSettings:
     # The local driver JVM's JIT (--jit): auto (c1 with --available-now, else late-c2), late-c2 (C2 only for
     # code that stays hot), tiered (the JVM's default), c1 (C1 only)
     driver_jit: str = "auto"
+    # Local defaults a session the job creates leaves at Spark's value (session.LOCAL_DEFAULT_NAMES).
+    keep_spark_defaults: tuple[str, ...] = ()
 
 
 class MalformedRecordsError(StreamingMergeError):

@@ -35,7 +35,7 @@ from pyspark.sql.streaming import StreamingQuery
 
 from streaming_merge import MergeSink
 from streaming_merge.cdf import SHORT_NAME, register
-from streaming_merge.session import local_session, stop_session
+from streaming_merge.session import job_session, stop_session
 from streaming_merge.streaming.sink import PhaseHook
 
 log = logging.getLogger("jobs.cdf_chain")
@@ -157,7 +157,9 @@ def parse_args(argv: Sequence[str] | None) -> tuple[ChainConfig, str]:
     parser.add_argument("--deletion-vectors", action="store_true", help="create the target with deletion vectors")
     parser.add_argument("--storage-option", action="append", default=[], metavar="KEY=VALUE",
                         help="an object-store option for both tables (repeatable)")
-    parser.add_argument("--master", default="local[2]", help="Spark master (default local[2])")
+    parser.add_argument("--master", default="local[2]",
+                        help="Spark master of a session the job creates (default local[2]; under spark-submit the "
+                        "platform's session is used as it is)")
     args = parser.parse_args(argv)
     keys = [k.strip() for k in args.keys.split(",") if k.strip()]
     if not keys:
@@ -180,7 +182,7 @@ def parse_args(argv: Sequence[str] | None) -> tuple[ChainConfig, str]:
 def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     config, master = parse_args(argv)
-    spark = local_session("cdf_chain", master)
+    spark = job_session("cdf_chain", master)
     query = start(spark, config)
 
     def stop(signum: int, _frame: Any) -> None:

@@ -37,9 +37,9 @@ from streaming_merge.merge.materialize import (
     release,
     storage_level,
 )
-from streaming_merge.session import local_session, stop_session
+from streaming_merge.session import LOCAL_DEFAULT_NAMES, job_session, stop_session
 from streaming_merge.spark.interpreted import DEFAULT_INTERPRETED_MAX_ROWS, interpreted_if_small
-from streaming_merge.spark.packages import KAFKA_CONNECTOR, package_conf
+from streaming_merge.spark.packages import KAFKA_CONNECTOR
 from streaming_merge.spark.startup_marks import enabled, jvm_state, mark
 from streaming_merge.streaming.background import BackgroundCall
 from streaming_merge.table.append import append_rows
@@ -333,6 +333,15 @@ def start(spark: SparkSession, config: IngestConfig,
                        config.checkpoint)
 
 
+def session_packages(config: ChangeSettings, spark_conf: dict[str, str]) -> tuple[str, ...]:
+    """The Spark packages a session the job creates gets: Spark's Kafka connector for
+    ``--source-format kafka``, unless the user chose the packages (``--spark-conf
+    spark.jars.packages=...``; under spark-submit, its ``--packages``)."""
+    if config.source_format == CONNECTOR_FORMAT and "spark.jars.packages" not in spark_conf:
+        return (KAFKA_CONNECTOR,)
+    return ()
+
+
 def driver_jit(config: ChangeSettings) -> str:
     """The ``--jit`` policy the job's session gets: ``auto`` is ``c1`` for an ``--available-now``
     run (it ends once it has caught up: on 2 cores C1 alone took a restart to its first MERGE in
@@ -386,7 +395,8 @@ def parse_args(argv: list[str] | None) -> tuple[IngestConfig | DatabaseConfig, s
                         help="Kafka client setting, named as Spark's Kafka connector names them, e.g. "
                         "kafka.security.protocol=SASL_SSL (repeatable; see docs/guides/kafka.md for SASL/SSL and "
                         "how each is translated for the Python clients)")
-    parser.add_argument("--master", default="local[2]", help="Spark master (ignored under spark-submit)")
+    parser.add_argument("--master", default="local[2]", help="Spark master of a session the job creates (under "
+                        "spark-submit the platform's session is used as it is)")
     parser.add_argument("--ignore-null-updates", action="store_true",
                         help="a NULL in an update keeps the table's value (partial updates)")
     parser.add_argument("--unavailable-value", default=None,
@@ -415,6 +425,11 @@ def parse_args(argv: list[str] | None) -> tuple[IngestConfig | DatabaseConfig, s
                         "starts and restarts than tiered, hot code still optimized), tiered (the JVM's default); auto "
                         "(default): c1 with --available-now (the run ends once it has caught up; choose late-c2 "
                         "for a large backlog), late-c2 otherwise. Ignored under spark-submit")
+    parser.add_argument("--keep-spark-default", action="append", default=[], choices=LOCAL_DEFAULT_NAMES,
+                        help="a local session this job creates keeps Spark's own value of this default of ours "
+                        "(ui: no UI; partitions: 4 shuffle partitions; quiet-log: log level ERROR); repeatable. "
+                        "Settings you make (--spark-conf, spark-defaults.conf, PYSPARK_SUBMIT_ARGS) always win, and "
+                        "under spark-submit the platform's session is taken unchanged")
     parser.add_argument("--spark-conf", action="append", default=[], metavar="KEY=VALUE",
                         help="Spark setting for the job's session, e.g. spark.hadoop.fs.s3a.endpoint=http://minio:9000 "
                         "(repeatable; under spark-submit use its own --conf)")
@@ -432,8 +447,6 @@ def parse_args(argv: list[str] | None) -> tuple[IngestConfig | DatabaseConfig, s
         checked_kafka_options(kafka_options, args.source_format)
     except ValueError as exc:
         parser.error(f"--kafka-option: {exc}")
-    if args.source_format == CONNECTOR_FORMAT and "spark.jars.packages" not in spark_conf:
-        spark_conf = {**package_conf((KAFKA_CONNECTOR,)), **spark_conf}
     settings: dict[str, Any] = dict(  # ChangeSettings, the same in both modes
         dead_letter=args.dead_letter, available_now=args.available_now, processing_time=args.processing_time,
         max_offsets_per_trigger=args.max_offsets_per_trigger, starting_offsets=args.starting_offsets,
@@ -442,7 +455,7 @@ def parse_args(argv: list[str] | None) -> tuple[IngestConfig | DatabaseConfig, s
                                                                           args.storage_option),
         ignore_null_updates=args.ignore_null_updates, unavailable_value=args.unavailable_value or None,
         apply_truncates=args.apply_truncates, scd_type=args.scd_type, deletion_vectors=args.deletion_vectors,
-        change_data_feed=args.change_data_feed, driver_jit=args.jit,
+        change_data_feed=args.change_data_feed, driver_jit=args.jit, keep_spark_defaults=tuple(args.keep_spark_default),
         track_history_except=None if args.track_history_except is None else _names(args.track_history_except))
     keys = _names(args.keys or "")
     if bool(args.topics) == bool(args.subscribe_pattern):
@@ -504,8 +517,9 @@ def main(argv: list[str] | None = None) -> int:
     logging.getLogger("kafka").setLevel(logging.WARNING)
     mark("main")
     jit = driver_jit(config)
-    spark = local_session("kafka_cdc_ingest", master, extra_conf=spark_conf, short_run=jit == "c1",
-                          late_c2=jit == "late-c2")
+    spark = job_session("kafka_cdc_ingest", master, extra_conf=spark_conf,
+                        packages=session_packages(config, spark_conf),
+                        keep_spark_defaults=config.keep_spark_defaults, short_run=jit == "c1", late_c2=jit == "late-c2")
     mark("session_ready", **jvm_state(spark))
     if isinstance(config, IngestConfig):
         query = start(spark, config)

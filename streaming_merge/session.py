@@ -10,14 +10,17 @@ import logging
 import os
 import socket
 import sys
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from importlib import resources
 from pathlib import Path
 
 from pyspark.sql import SparkSession
 
+from streaming_merge.errors import InvalidArgumentError
 from streaming_merge.spark import class_archive as _class_archive
 from streaming_merge.spark.answers_at_once import answer_at_once
+from streaming_merge.spark.given_conf import conf_folder, defaults_file_settings, given_settings
+from streaming_merge.spark.packages import package_conf
 
 log = logging.getLogger(__name__)
 
@@ -40,18 +43,89 @@ FILE_SYSTEM_CHECKPOINT_MANAGER = \
     "org.apache.spark.sql.execution.streaming.checkpointing.FileSystemBasedCheckpointFileManager"
 
 
+# The local defaults a caller can keep Spark's own value of, by name (``keep_spark_defaults``;
+# the jobs' ``--keep-spark-default``): the UI, the shuffle partitions, the quiet log.
+UI_DEFAULT, PARTITIONS_DEFAULT, QUIET_LOG_DEFAULT = "ui", "partitions", "quiet-log"
+LOCAL_DEFAULT_NAMES = (UI_DEFAULT, PARTITIONS_DEFAULT, QUIET_LOG_DEFAULT)
+_PYTHON_SETTING = "spark.pyspark.python"
+
+
+def job_session(
+    app_name: str,
+    master: str = "local[2]",
+    *,
+    extra_conf: Mapping[str, str] | None = None,
+    packages: tuple[str, ...] = (),
+    keep_spark_defaults: Collection[str] = (),
+    short_run: bool = False,
+    late_c2: bool = False,
+) -> SparkSession:
+    """The session a job runs in: the platform's where a driver JVM already runs (under
+    ``spark-submit``, a notebook, Spark Connect), unchanged; else one this call creates, with
+    :func:`local_session`'s defaults for a local master and nothing but the caller's settings
+    for a cluster master (``yarn``, ``k8s://``, ``spark://``).
+
+    ``extra_conf`` holds settings the user gave the job (its ``--spark-conf``). ``packages``
+    (see :func:`streaming_merge.spark.packages.package_conf`) are added to a session this call
+    creates; under spark-submit they are spark-submit's ``--packages``."""
+    given = dict(extra_conf or {})
+    if not _starts_jvm():
+        return _platform_session(given)
+    conf = {**package_conf(packages), **given}
+    if not _is_local(master):
+        builder = SparkSession.builder.appName(app_name).master(master)
+        for key, value in conf.items():
+            builder = builder.config(key, value)
+        spark = builder.getOrCreate()
+        answer_at_once(spark)
+        return spark
+    return local_session(app_name, master, extra_conf=conf, keep_spark_defaults=keep_spark_defaults,
+                         short_run=short_run, late_c2=late_c2)
+
+
+def _platform_session(given: Mapping[str, str]) -> SparkSession:
+    """The session of the driver JVM already running, with the user's own settings (``given``):
+    all of them when the SparkContext is yet to start (spark-submit's driver), else those a
+    running session can take; a static setting then is an error that says where it goes."""
+    from pyspark.core.context import SparkContext
+
+    if SparkContext._active_spark_context is None:
+        builder = SparkSession.builder
+        for key, value in given.items():
+            builder = builder.config(key, value)
+        spark = builder.getOrCreate()
+    else:
+        spark = SparkSession.builder.getOrCreate()
+        static = sorted(key for key in given if not spark.conf.isModifiable(key))
+        if static:
+            raise InvalidArgumentError(
+                f"{', '.join(static)}: static Spark settings cannot change in the running session the platform "
+                "gave; set them where it starts (spark-submit --conf KEY=VALUE, the cluster's spark-defaults.conf)")
+        for key, value in given.items():
+            spark.conf.set(key, value)
+    answer_at_once(spark)
+    return spark
+
+
 def local_session(
     app_name: str = "streaming_merge",
     master: str = "local[2]",
     *,
     ui: bool = False,
     shuffle_partitions: int = 4,
-    extra_conf: dict[str, str] | None = None,
+    extra_conf: Mapping[str, str] | None = None,
+    keep_spark_defaults: Collection[str] = (),
     short_run: bool = False,
     class_archive: bool | None = None,
     late_c2: bool = False,
 ) -> SparkSession:
     """Get or create a local SparkSession configured for small-to-medium data.
+
+    Its defaults (:func:`_local_defaults`: no UI unless ``ui``, ``shuffle_partitions``, a quiet
+    log, the settings each function below explains) never replace a setting the user made:
+    ``extra_conf``, ``spark-defaults.conf`` or ``PYSPARK_SUBMIT_ARGS``
+    (:mod:`streaming_merge.spark.given_conf`). ``keep_spark_defaults`` names defaults of
+    ``LOCAL_DEFAULT_NAMES`` to leave at Spark's own value.
 
     Python workers (the Kafka source's readers) run this interpreter, so they import the
     same streaming_merge as the driver. ``short_run``: the process ends within a minute or
@@ -62,36 +136,18 @@ def local_session(
     (default on, ``0`` turns it off). ``late_c2``: the driver JVM's optimizing compiler only
     takes methods that stay hot (:func:`_late_c2_conf`), for a long-running job that restarts.
     """
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
-    conf, archive_build = _session_conf(master, extra_conf or {}, short_run=short_run, class_archive=class_archive,
-                                        starts_jvm=_starts_jvm(), late_c2=late_c2)
-    builder = (
-        SparkSession.builder.appName(app_name)
-        .master(master)
-        .config("spark.ui.enabled", "true" if ui else "false")
-        .config("spark.ui.showConsoleProgress", "false")
-        .config("spark.sql.shuffle.partitions", str(shuffle_partitions))
-        .config("spark.default.parallelism", str(shuffle_partitions))
-        .config("spark.sql.parquet.outputTimestampType", "TIMESTAMP_MICROS")
-        .config("spark.sql.session.timeZone", "UTC")
-        .config("spark.driver.memory", "2g")
-        .config("spark.sql.adaptive.enabled", "true")
-        # PySpark 4 otherwise records the Python call site of every Column function in the
-        # JVM (about five py4j round trips per call) for error messages: hundreds of round
-        # trips per MERGE, a third of a small MERGE's driver time.
-        .config("spark.python.sql.dataFrameDebugging.enabled", "false")
-        # createDataFrame of Arrow or pandas data past 1 MB keeps it as Arrow batches read by
-        # tasks, not as rows inside the plan (Spark's bound is 48 MB): every query over a plan
-        # holding 100k rows spent ~110 ms planning it here, and its first read ~200 ms more.
-        .config("spark.sql.execution.arrow.localRelationThreshold", str(LOCAL_RELATION_MAX_BYTES))
-    )
-    if hasattr(socket, "AF_UNIX"):
-        # A JVM and its Python workers talk over a Unix domain socket instead of TCP loopback:
-        # each Python task (the Kafka source's reads, mapInArrow) then costs ~20 ms, not ~65
-        # (a trivial Python streaming source here: 21 vs 65 ms a task, 49 vs 100 ms a batch).
-        builder = builder.config("spark.python.unix.domain.socket.enabled", "true")
-    for key, value in conf.items():
+    keep = _checked_default_names(keep_spark_defaults)
+    code_conf = dict(extra_conf or {})
+    given = given_settings(code_conf)
+    if _PYTHON_SETTING not in given:
+        os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+        os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    quiet_log = QUIET_LOG_DEFAULT not in keep
+    conf, archive_build = _session_conf(master, code_conf, short_run=short_run, class_archive=class_archive,
+                                        starts_jvm=_starts_jvm(), late_c2=late_c2, quiet_log=quiet_log)
+    defaults = _local_defaults(ui=ui, shuffle_partitions=shuffle_partitions, keep=keep)
+    builder = SparkSession.builder.appName(app_name).master(master)
+    for key, value in {**{k: v for k, v in defaults.items() if k not in given}, **conf}.items():
         builder = builder.config(key, value)
     try:
         spark = builder.getOrCreate()
@@ -101,9 +157,53 @@ def local_session(
         raise
     if archive_build is not None:
         archive_build.started(spark)
-    spark.sparkContext.setLogLevel("ERROR")
+    if quiet_log and not _logging_given(given):
+        spark.sparkContext.setLogLevel("ERROR")
     answer_at_once(spark)
     return spark
+
+
+def _local_defaults(*, ui: bool, shuffle_partitions: int, keep: frozenset[str]) -> dict[str, str]:
+    """The settings a local session gets unless the user made them or ``keep`` names them."""
+    defaults = {
+        "spark.sql.parquet.outputTimestampType": "TIMESTAMP_MICROS",
+        "spark.sql.session.timeZone": "UTC",
+        "spark.driver.memory": "2g",
+        "spark.sql.adaptive.enabled": "true",
+        # PySpark 4 otherwise records the Python call site of every Column function in the
+        # JVM (about five py4j round trips per call) for error messages: hundreds of round
+        # trips per MERGE, a third of a small MERGE's driver time.
+        "spark.python.sql.dataFrameDebugging.enabled": "false",
+        # createDataFrame of Arrow or pandas data past 1 MB keeps it as Arrow batches read by
+        # tasks, not as rows inside the plan (Spark's bound is 48 MB): every query over a plan
+        # holding 100k rows spent ~110 ms planning it here, and its first read ~200 ms more.
+        "spark.sql.execution.arrow.localRelationThreshold": str(LOCAL_RELATION_MAX_BYTES),
+    }
+    if UI_DEFAULT not in keep and not ui:
+        defaults.update({"spark.ui.enabled": "false", "spark.ui.showConsoleProgress": "false"})
+    if PARTITIONS_DEFAULT not in keep:
+        defaults.update({"spark.sql.shuffle.partitions": str(shuffle_partitions),
+                         "spark.default.parallelism": str(shuffle_partitions)})
+    if hasattr(socket, "AF_UNIX"):
+        # A JVM and its Python workers talk over a Unix domain socket instead of TCP loopback:
+        # each Python task (the Kafka source's reads, mapInArrow) then costs ~20 ms, not ~65
+        # (a trivial Python streaming source here: 21 vs 65 ms a task, 49 vs 100 ms a batch).
+        defaults["spark.python.unix.domain.socket.enabled"] = "true"
+    return defaults
+
+
+def _checked_default_names(names: Collection[str]) -> frozenset[str]:
+    unknown = sorted(set(names) - set(LOCAL_DEFAULT_NAMES))
+    if unknown:
+        raise InvalidArgumentError(f"keep_spark_defaults: unknown local default {', '.join(map(repr, unknown))}; "
+                                   f"the local defaults are {', '.join(LOCAL_DEFAULT_NAMES)}")
+    return frozenset(names)
+
+
+def _logging_given(given: Mapping[str, str]) -> bool:
+    """Whether the user set up Spark's logging: a log4j2 file of their own, in the driver's
+    options or ``SPARK_CONF_DIR``."""
+    return LOG4J2_CONFIGURATION in given.get(DRIVER_JAVA_OPTIONS, "") or (conf_folder() / "log4j2.properties").exists()
 
 
 def stop_session(spark: SparkSession) -> None:
@@ -127,8 +227,8 @@ def stop_session(spark: SparkSession) -> None:
 
 
 def _session_conf(master: str, extra_conf: Mapping[str, str], *, short_run: bool = False,
-                  class_archive: bool | None = None, starts_jvm: bool = True, late_c2: bool = False
-                  ) -> tuple[dict[str, str], _class_archive.Build | None]:
+                  class_archive: bool | None = None, starts_jvm: bool = True, late_c2: bool = False,
+                  quiet_log: bool = True) -> tuple[dict[str, str], _class_archive.Build | None]:
     """The settings :func:`local_session` passes besides its fixed ones, and the class archive
     this process builds, if it does. The driver JVM's options are the caller's (``extra_conf``,
     else ``spark-defaults.conf``'s) followed by this module's; options only matter to a JVM that
@@ -141,7 +241,8 @@ def _session_conf(master: str, extra_conf: Mapping[str, str], *, short_run: bool
         conf.update(_short_run_conf(master, conf))
     elif late_c2:
         conf.update(_late_c2_conf(master, conf))
-    conf.update(_quiet_start_conf(master, conf))
+    if quiet_log:
+        conf.update(_quiet_start_conf(master, conf))
     build: _class_archive.Build | None = None
     if starts_jvm and _is_local(master) and _class_archive.wanted(class_archive, given_java_options):
         option, build = _class_archive.prepare(conf, given_java_options)
@@ -188,22 +289,10 @@ def _defaults_file_java_options_for(master: str, conf: Mapping[str, str]) -> dic
 
 
 def _defaults_file_java_options(environ: Mapping[str, str] | None = None) -> dict[str, str]:
-    """``spark.driver.extraJavaOptions`` from ``spark-defaults.conf`` (``$SPARK_CONF_DIR``, else
-    ``$SPARK_HOME/conf``): a ``--conf`` of the same setting replaces the file's value, so options
-    this module adds are appended to it instead."""
-    env = os.environ if environ is None else environ
-    folder = Path(env["SPARK_CONF_DIR"]) if env.get("SPARK_CONF_DIR") else _class_archive.spark_home(env) / "conf"
-    try:
-        lines = (folder / "spark-defaults.conf").read_text().splitlines()
-    except OSError:
-        return {}
-    for line in lines:
-        text = line.strip()
-        if text.startswith(DRIVER_JAVA_OPTIONS):
-            rest = text[len(DRIVER_JAVA_OPTIONS):]
-            if rest[:1] in (" ", "\t", "=", ":"):
-                return {DRIVER_JAVA_OPTIONS: rest.lstrip(" \t=:").strip()}
-    return {}
+    """``spark.driver.extraJavaOptions`` from ``spark-defaults.conf``: a ``--conf`` of the same
+    setting replaces the file's value, so options this module adds are appended to it instead."""
+    options = defaults_file_settings(environ).get(DRIVER_JAVA_OPTIONS)
+    return {DRIVER_JAVA_OPTIONS: options} if options else {}
 
 
 def _is_local(master: str) -> bool:

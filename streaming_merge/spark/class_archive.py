@@ -79,7 +79,15 @@ def wanted(enabled: bool | None, given_options: str) -> bool:
     """The archive is on unless the caller, the environment or the caller's own JVM options say otherwise."""
     if enabled is None:
         enabled = os.environ.get(ARCHIVE_ENV, "1").strip().lower() not in _OFF
-    return enabled and not any(option in given_options for option in SHARING_OPTIONS)
+    return enabled and not any(option in given_options for option in SHARING_OPTIONS) and not _folders_on_class_path()
+
+
+def _folders_on_class_path(environ: Mapping[str, str] | None = None) -> list[str]:
+    """The configuration folders Spark's launcher puts on the driver's class path that hold
+    files: HotSpot refuses to dump or map an archive whose class path has a non-empty folder."""
+    env = os.environ if environ is None else environ
+    folders = [env[name] for name in ("SPARK_CONF_DIR", "HADOOP_CONF_DIR", "YARN_CONF_DIR") if env.get(name)]
+    return [folder for folder in folders if Path(folder).is_dir() and any(Path(folder).iterdir())]
 
 
 def cache_dir(environ: Mapping[str, str] | None = None) -> Path:

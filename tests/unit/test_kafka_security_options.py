@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from jobs._common import checked_kafka_options
-from jobs.kafka_cdc_ingest import parse_args
+from jobs.kafka_cdc_ingest import parse_args, session_packages
 from streaming_merge.kafka._clients.common import translate_options
 from streaming_merge.kafka._clients.truststore import Truststore
 from streaming_merge.kafka.source import KafkaOptions, KafkaSourceError
@@ -111,7 +111,8 @@ def test_kafka_options_reach_both_job_modes() -> None:
                                           "--target-root", "/tmp/r", "--checkpoint", "/tmp/c", "--source-format",
                                           "kafka", "--kafka-option", "kafka.security.protocol=SSL"])
     assert database.kafka_options == {"kafka.security.protocol": "SSL"} and database.source_format == "kafka"
-    assert "spark-sql-kafka-0-10" in spark_conf["spark.jars.packages"], "the connector joins a local session"
+    assert session_packages(database, spark_conf) == ("kafka",), "the connector joins a session the job creates"
+    assert session_packages(database, {"spark.jars.packages": "mine"}) == ()
 
 
 @pytest.mark.parametrize(("argv", "message"), [

@@ -92,12 +92,12 @@ def test_the_table_layer_makes_no_local_file_system_call() -> None:
     """Every module of the package but the Kafka client code (no table paths there), the
     session helper and the driver's own process files (the class-data-sharing archive in the
     user's cache, the start-up marks, the interpreter Spark's Python data source look-up runs,
-    the Ivy cache of the Spark packages).
+    the Ivy cache of the Spark packages, Spark's own configuration folder).
     ``location.py`` may spell a local path (abspath/normpath
     are string operations) for a driver-side read without any SparkSession."""
     package = ROOT / "streaming_merge"
     process_files = {("spark", "class_archive.py"), ("spark", "startup_marks.py"), ("spark", "python_sources.py"),
-                     ("spark", "packages.py")}
+                     ("spark", "packages.py"), ("spark", "given_conf.py")}
     modules = [m for m in sorted(package.rglob("*.py"))
                if m.relative_to(package).parts[0] not in ("kafka", "session.py")
                and m.relative_to(package).parts not in process_files]

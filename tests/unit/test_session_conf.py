@@ -13,6 +13,8 @@ import pytest
 
 import streaming_merge
 from streaming_merge import session
+from streaming_merge.errors import InvalidArgumentError
+from streaming_merge.spark import given_conf
 
 
 def test_local_masters_use_the_raw_local_file_system_and_file_system_checkpoint_logs() -> None:
@@ -104,3 +106,50 @@ def test_late_c2_raises_the_optimizing_compilers_thresholds_unless_the_caller_ch
     assert "Tier4" not in conf["spark.driver.extraJavaOptions"]
     conf, _ = session._session_conf("local[2]", {}, late_c2=True, class_archive=False)
     assert "Tier4InvocationThreshold" in conf["spark.driver.extraJavaOptions"]
+
+
+def test_settings_of_spark_defaults_conf_and_pyspark_submit_args_are_explicit(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "spark-defaults.conf").write_text("# a comment\n\nspark.sql.shuffle.partitions   7\n"
+                                                  "spark.ui.enabled=true\nspark.executor.memory\t3g\n")
+    monkeypatch.setenv("SPARK_CONF_DIR", str(tmp_path))
+    monkeypatch.setenv("PYSPARK_SUBMIT_ARGS", "--driver-memory 5g --conf spark.sql.session.timeZone=Europe/Paris "
+                       "--conf 'spark.driver.extraJavaOptions=-Da=1 -Db=2' pyspark-shell")
+    assert given_conf.defaults_file_settings() == {
+        "spark.sql.shuffle.partitions": "7", "spark.ui.enabled": "true", "spark.executor.memory": "3g"}
+    given = given_conf.given_settings({"spark.executor.memory": "4g"})
+    assert given == {"spark.sql.shuffle.partitions": "7", "spark.ui.enabled": "true", "spark.executor.memory": "4g",
+                     "spark.driver.memory": "5g", "spark.sql.session.timeZone": "Europe/Paris",
+                     "spark.driver.extraJavaOptions": "-Da=1 -Db=2"}
+
+
+def test_each_local_default_can_be_left_at_sparks_value() -> None:
+    every = session._local_defaults(ui=False, shuffle_partitions=4, keep=frozenset())
+    assert every["spark.ui.enabled"] == "false" and every["spark.sql.shuffle.partitions"] == "4"
+    kept = session._local_defaults(ui=False, shuffle_partitions=4, keep=frozenset({"ui", "partitions"}))
+    assert not {"spark.ui.enabled", "spark.sql.shuffle.partitions", "spark.default.parallelism"} & set(kept)
+    assert "spark.ui.enabled" not in session._local_defaults(ui=True, shuffle_partitions=4, keep=frozenset())
+    with pytest.raises(InvalidArgumentError, match="unknown local default 'uii'; the local defaults are ui, "
+                                                   "partitions, quiet-log"):
+        session._checked_default_names(["uii"])
+
+
+@pytest.mark.spark
+@pytest.mark.slow
+def test_a_local_job_session_keeps_the_settings_of_spark_defaults_conf(tmp_path: Path) -> None:
+    """A job's own local session, as a user's run with a ``spark-defaults.conf`` of theirs:
+    its settings survive our defaults; a kept default is Spark's; the caller's settings win."""
+    (tmp_path / "spark-defaults.conf").write_text("spark.sql.shuffle.partitions 7\n"
+                                                  "spark.sql.session.timeZone Europe/Paris\n")
+    probe = ("from streaming_merge.session import job_session; "
+             "s = job_session('defaults', 'local[1]', keep_spark_defaults=['ui'], "
+             "extra_conf={'spark.sql.adaptive.enabled': 'false'}); "
+             "print(*(s.conf.get(k) for k in ('spark.sql.shuffle.partitions', 'spark.sql.session.timeZone', "
+             "'spark.sql.adaptive.enabled', 'spark.sql.execution.arrow.localRelationThreshold')), "
+             "s.sparkContext.uiWebUrl is not None)")
+    env = {**os.environ, "SPARK_CONF_DIR": str(tmp_path)}
+    result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True, env=env,
+                            timeout=300)
+    assert result.stdout.splitlines() == ["7 Europe/Paris false 1048576 True"], result.stderr
+    assert "[cds]" not in result.stderr, "no class archive with a configuration folder on the class path"
+
