@@ -74,6 +74,7 @@ from streaming_merge.streaming.sink_clauses import (
     history_source,
     history_upsert,
 )
+from streaming_merge.streaming.spark_metrics import publish as publish_metrics
 from streaming_merge.streaming.tombstones import Tombstones
 from streaming_merge.table.follow import FollowedTable
 from streaming_merge.table.location import TableLocation, resolve
@@ -593,6 +594,7 @@ class MergeSink:
     def _report(self, progress: MergeProgress) -> None:
         self._progress.add(progress)
         log.info("MergeSink %s", progress.summary())
+        publish_metrics(progress)  # to Spark's metrics system (spark_metrics): Prometheus, JMX, ...
 
 
 _sleep = time.sleep  # the conflict backoff's pause (a test replaces it)
