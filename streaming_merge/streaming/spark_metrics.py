@@ -241,6 +241,7 @@ class _Publisher:
         self._lock = threading.Lock()
         self._context: SparkContext | None = None
         self._streams: dict[_Stream, StreamSource | None] = {}  # None: publishing is off for it
+        self._next_number: dict[str, int] = {}  # per taken name: the suffix to try next
         self.broken = False  # an unforeseen failure outside any one stream: off for the process
 
     def publish(self, progress: MergeProgress) -> None:
@@ -251,6 +252,7 @@ class _Publisher:
         with self._lock:
             if context is not self._context:  # a new SparkContext: the old sources died with its JVM
                 self._streams.clear()
+                self._next_number.clear()
                 self._context = context
             if stream not in self._streams:
                 self._streams[stream] = self._register(context, progress)
@@ -292,14 +294,14 @@ class _Publisher:
         def free(name: str) -> bool:
             return name not in taken and metrics_system.getSourcesByName(name).isEmpty()
 
-        candidates = [base, f"{base}_{stream_label(progress.appId)}"]
-        for name in candidates:
+        for name in (base, f"{base}_{stream_label(progress.appId)}"):
             if free(name):
                 return name
-        number = 2
-        while not free(f"{candidates[-1]}_{number}"):
-            number += 1
-        return f"{candidates[-1]}_{number}"
+        while True:  # many streams into tables of one folder name (a test suite's): count on, not from 2
+            number = self._next_number.get(name, 2)
+            self._next_number[name] = number + 1
+            if free(f"{name}_{number}"):
+                return f"{name}_{number}"
 
 
 def _metrics_system(context: SparkContext) -> JavaObject:
@@ -308,13 +310,23 @@ def _metrics_system(context: SparkContext) -> JavaObject:
 
 
 def _query_name(context: SparkContext, session: SparkSession | None) -> str | None:
-    """The name of the streaming query whose batch the calling thread runs, when it has one."""
+    """The name of the streaming query whose batch the calling thread runs, when it has one. The
+    query is known to the session that started it: the batch's thread has the query's own clone
+    of it as its active session, so the application's default session is asked too."""
     query_id = context.getLocalProperty(_QUERY_ID_PROPERTY)
-    if not query_id or session is None:
+    if not query_id:
         return None
-    query = session.streams.get(query_id)
-    name = query.name if query is not None else None
-    return stream_label(name) if name else None
+    assert context._gateway is not None
+    default = JavaClass("org.apache.spark.sql.SparkSession", context._gateway._gateway_client).getDefaultSession()
+    managers = [session._jsparkSession.streams()] if session is not None else []
+    if default.isDefined():
+        managers.append(default.get().streams())
+    for manager in managers:
+        query = manager.get(query_id)
+        if query is not None:
+            name = query.name()
+            return stream_label(name) if name else None
+    return None
 
 
 def _is_connect() -> bool:
