@@ -60,6 +60,8 @@ class ChangeSettings:
     driver_jit: str = "auto"
     # Local defaults a session the job creates leaves at Spark's value (session.LOCAL_DEFAULT_NAMES).
     keep_spark_defaults: tuple[str, ...] = ()
+    stop_timeout_s: float = 20.0  # --stop-timeout: how long a running batch may take to finish on SIGTERM
+    log_format: str = "text"  # --log-format: text or json
 
 
 class MalformedRecordsError(StreamingMergeError):
@@ -192,13 +194,26 @@ def start_query(spark: SparkSession, config: ChangeSettings, subscription: tuple
 
 
 def progress_line(progress: dict[str, Any]) -> str:
-    """One human line per batch: what the MERGE did and how long it took."""
+    """One human line per batch: what the MERGE did and how long it took (and the consumer lag
+    left, when the batch's line has it)."""
     m = progress.get("metrics", {})
+    lag = progress.get("consumerLag")
+    behind = f" lag={sum(sum(parts.values()) for parts in lag.values())}" if lag is not None else ""
     if progress.get("skipped"):
-        return f"[batch {progress.get('batchId')}] skipped (already committed)"
+        return f"[batch {progress.get('batchId')}] skipped (already committed){behind}"
     return (f"[batch {progress.get('batchId')}] {progress.get('target')} v{progress.get('tableVersion')} "
             f"in={progress.get('numInputRows')} malformed={progress.get('malformedRecords', 0)} "
             f"inserted={m.get('numTargetRowsInserted', 0)} updated={m.get('numTargetRowsUpdated', 0)} "
             f"deleted={m.get('numTargetRowsDeleted', 0)} late={progress.get('numLateRowsDropped', 0)} "
             f"files=-{m.get('numTargetFilesRemoved', 0)}/+{m.get('numTargetFilesAdded', 0)} "
-            f"{progress.get('durationMs', {}).get('total', 0)}ms")
+            f"{progress.get('durationMs', {}).get('total', 0)}ms{behind}")
+
+
+def database_line(progress: dict[str, Any]) -> str:
+    """One human line per batch of the whole-database job: the Kafka counts, then each table's."""
+    lag = progress.get("consumerLag") or {}
+    tables = "; ".join(progress_line({k: v for k, v in t.items() if k != "consumerLag"}).split("] ", 1)[-1]
+                       for t in progress.get("tables", []))
+    return (f"[batch {progress.get('batchId')}] kafka={progress.get('kafkaRecords', 0)} "
+            f"malformed={progress.get('malformedRecords', 0)} lag={sum(sum(p.values()) for p in lag.values())}"
+            f"{' | ' + tables if tables else ''}")

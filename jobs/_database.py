@@ -54,6 +54,7 @@ from jobs._common import (
     staged_again_on_lost_blocks,
     start_query,
 )
+from jobs._graceful_stop import GracefulStop
 from streaming_merge import MergeSink
 from streaming_merge.errors import NotADeltaTableError, StreamingMergeError
 from streaming_merge.kafka import debezium
@@ -286,8 +287,10 @@ class DatabaseBatches:
     table's MERGE starts (the CLI prints it; tests kill the process there)."""
 
     def __init__(self, config: DatabaseConfig, on_progress: Callable[[dict[str, Any]], None],
-                 on_table_progress: Callable[[dict[str, Any]], None] | None = None) -> None:
+                 on_table_progress: Callable[[dict[str, Any]], None] | None = None,
+                 on_phase: Callable[[str], None] | None = None) -> None:
         self.config = config
+        self._on_phase = on_phase
         self.router = config.router()
         self._on_progress = on_progress
         self._on_table_progress = on_table_progress
@@ -401,7 +404,9 @@ class DatabaseBatches:
                 log.warning("Table %s: keys change from %s to %s (the topic's record keys changed)", path,
                             list(self.table_keys[path]), list(keys))
             config = self.config
-            self.sinks[path] = MergeSink(path, keys=list(keys), **change_options(config))
+            on_phase = self._on_phase
+            self.sinks[path] = MergeSink(path, keys=list(keys), **change_options(config),
+                                         phase_hook=(lambda phase, _: on_phase(phase)) if on_phase else None)
             self.table_keys[path] = keys
         return self.sinks[path]
 
@@ -430,14 +435,17 @@ class DatabaseBatches:
 
 def start_database(spark: SparkSession, config: DatabaseConfig,
                    on_progress: Callable[[dict[str, Any]], None] | None = None,
-                   on_table_progress: Callable[[dict[str, Any]], None] | None = None) -> StreamingQuery:
+                   on_table_progress: Callable[[dict[str, Any]], None] | None = None,
+                   stopping: GracefulStop | None = None) -> StreamingQuery:
     """Start the multi-table ingestion query (does not wait). Without callbacks it prints
-    one line per table and batch, as the single-table job prints one per batch."""
+    one line per table and batch, as the single-table job prints one per batch; ``stopping``
+    lets a batch finish on SIGTERM."""
     if on_progress is None and on_table_progress is None:
         on_table_progress = lambda p: print(progress_line(p), flush=True)  # noqa: E731
-    function = DatabaseBatches(config, on_progress or _log_batch, on_table_progress)
-    return start_query(spark, config, ("subscribePattern", config.subscribe_pattern), function,
-                       config.bootstrap_servers, config.checkpoint)
+    function = DatabaseBatches(config, on_progress or _log_batch, on_table_progress,
+                               on_phase=stopping.phase_hook if stopping else None)
+    return start_query(spark, config, ("subscribePattern", config.subscribe_pattern),
+                       stopping.wrap(function) if stopping else function, config.bootstrap_servers, config.checkpoint)
 
 
 def _log_batch(progress: dict[str, Any]) -> None:

@@ -18,13 +18,13 @@ from __future__ import annotations
 
 import argparse
 import logging
-import signal
 import sys
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from pyspark.errors import StreamingQueryException
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming import StreamingQuery
 from pyspark.sql.types import StructType
@@ -37,7 +37,7 @@ from streaming_merge.merge.materialize import (
     release,
     storage_level,
 )
-from streaming_merge.session import LOCAL_DEFAULT_NAMES, job_session, stop_session
+from streaming_merge.session import LOCAL_DEFAULT_NAMES, job_session, starts_jvm, stop_session
 from streaming_merge.spark.interpreted import DEFAULT_INTERPRETED_MAX_ROWS, interpreted_if_small
 from streaming_merge.spark.packages import KAFKA_CONNECTOR
 from streaming_merge.spark.startup_marks import enabled, jvm_state, mark
@@ -57,12 +57,15 @@ from jobs._common import (
     MalformedRecordsError,
     change_options,
     checked_kafka_options,
+    database_line,
     progress_line,
     row_columns,
     source_options,
     staged_again_on_lost_blocks,
     start_query,
 )
+from jobs._graceful_stop import DEFAULT_STOP_TIMEOUT_S, GracefulStop
+from jobs._run_log import LOG_FORMATS, BatchLog, configure_logging, log_session
 
 log = logging.getLogger("jobs.kafka_cdc_ingest")  # a stable name under `python -m` too
 JIT_POLICIES = ("auto", "c1", "late-c2", "tiered")
@@ -96,7 +99,8 @@ def _known_row_schema(config: IngestConfig, target: FollowedTable) -> StructType
 
 
 def batch_function(config: IngestConfig, on_progress: Callable[[dict[str, Any]], None],
-                   prepare_with: SparkSession | None = None) -> tuple[Callable[[DataFrame, int], None], MergeSink]:
+                   prepare_with: SparkSession | None = None, on_phase: Callable[[str], None] | None = None
+                   ) -> tuple[Callable[[DataFrame, int], None], MergeSink]:
     """The foreachBatch function: decode once, divert malformed records, merge.
 
     ``prepare_with``: a session to prepare the first batch with now, in the background, while
@@ -113,10 +117,13 @@ def batch_function(config: IngestConfig, on_progress: Callable[[dict[str, Any]],
     the sink (its retries re-read the same copy), so such a batch is staged again from the
     Kafka records at the next storage level. Either way the dead-letter append runs beside the
     MERGE, which commits only once it has ended (see ``_BatchWrites``); both are idempotent per
-    batch (Delta txn), so a rerun never applies anything twice."""
+    batch (Delta txn), so a rerun never applies anything twice. ``on_phase`` hears each of the
+    sink's phases first (a graceful stop abandons a batch there)."""
     running: list[_BatchWrites] = []  # the batch in the sink, for the sink's phase hook
 
     def phase_hook(phase: str, _: DataFrame) -> None:
+        if on_phase is not None:
+            on_phase(phase)
         if running:
             running[0].at_phase(phase)
 
@@ -325,12 +332,18 @@ def _decode(records: DataFrame, config: IngestConfig, level: str, row_schema: St
 
 
 def start(spark: SparkSession, config: IngestConfig,
-          on_progress: Callable[[dict[str, Any]], None] | None = None) -> StreamingQuery:
-    """Start the ingestion query (does not wait)."""
+          on_progress: Callable[[dict[str, Any]], None] | None = None,
+          stopping: GracefulStop | None = None) -> StreamingQuery:
+    """Start the ingestion query (does not wait); ``stopping`` lets a batch finish on SIGTERM."""
     function, _ = batch_function(config, on_progress or (lambda p: print(progress_line(p), flush=True)),
-                                 prepare_with=spark)
-    return start_query(spark, config, ("subscribe", config.topics), function, config.bootstrap_servers,
-                       config.checkpoint)
+                                 prepare_with=spark, on_phase=stopping.phase_hook if stopping else None)
+    return start_query(spark, config, ("subscribe", config.topics), stopping.wrap(function) if stopping else function,
+                       config.bootstrap_servers, config.checkpoint)
+
+
+def query_name(config: IngestConfig | DatabaseConfig) -> str:
+    """The streaming query's name (Spark's UI, progress and the job's batch lines)."""
+    return f"cdc_ingest:{config.topics if isinstance(config, IngestConfig) else config.subscribe_pattern}"
 
 
 def session_packages(config: ChangeSettings, spark_conf: dict[str, str]) -> tuple[str, ...]:
@@ -425,6 +438,12 @@ def parse_args(argv: list[str] | None) -> tuple[IngestConfig | DatabaseConfig, s
                         "starts and restarts than tiered, hot code still optimized), tiered (the JVM's default); auto "
                         "(default): c1 with --available-now (the run ends once it has caught up; choose late-c2 "
                         "for a large backlog), late-c2 otherwise. Ignored under spark-submit")
+    parser.add_argument("--stop-timeout", type=float, default=DEFAULT_STOP_TIMEOUT_S, metavar="SECONDS",
+                        help="on SIGTERM/SIGINT the running batch may finish within this many seconds, else it is "
+                        "abandoned before its commit; the job then exits 0 (default %(default).0f; keep it under the "
+                        "platform's grace period, e.g. Kubernetes' terminationGracePeriodSeconds)")
+    parser.add_argument("--log-format", choices=LOG_FORMATS, default="text",
+                        help="text, or json: one JSON object a line (a batch's line carries its whole record)")
     parser.add_argument("--keep-spark-default", action="append", default=[], choices=LOCAL_DEFAULT_NAMES,
                         help="a local session this job creates keeps Spark's own value of this default of ours "
                         "(ui: no UI; partitions: 4 shuffle partitions; quiet-log: log level ERROR); repeatable. "
@@ -456,6 +475,7 @@ def parse_args(argv: list[str] | None) -> tuple[IngestConfig | DatabaseConfig, s
         ignore_null_updates=args.ignore_null_updates, unavailable_value=args.unavailable_value or None,
         apply_truncates=args.apply_truncates, scd_type=args.scd_type, deletion_vectors=args.deletion_vectors,
         change_data_feed=args.change_data_feed, driver_jit=args.jit, keep_spark_defaults=tuple(args.keep_spark_default),
+        stop_timeout_s=args.stop_timeout, log_format=args.log_format,
         track_history_except=None if args.track_history_except is None else _names(args.track_history_except))
     keys = _names(args.keys or "")
     if bool(args.topics) == bool(args.subscribe_pattern):
@@ -512,35 +532,51 @@ def _key_values(parser: argparse.ArgumentParser, flag: str, items: list[str]) ->
 
 def main(argv: list[str] | None = None) -> int:
     config, master, spark_conf = parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    logging.getLogger("py4j").setLevel(logging.WARNING)
-    logging.getLogger("kafka").setLevel(logging.WARNING)
+    configure_logging(config.log_format)
+    stopping = GracefulStop(config.stop_timeout_s)
+    stopping.install()
     mark("main")
+    if stopping.requested.is_set():  # stopped while it started: nothing to let finish
+        return 0
     jit = driver_jit(config)
+    platform = not starts_jvm()
     spark = job_session("kafka_cdc_ingest", master, extra_conf=spark_conf,
                         packages=session_packages(config, spark_conf),
                         keep_spark_defaults=config.keep_spark_defaults, short_run=jit == "c1", late_c2=jit == "late-c2")
     mark("session_ready", **jvm_state(spark))
-    if isinstance(config, IngestConfig):
-        query = start(spark, config)
-    else:
-        from jobs._database import start_database  # it imports this module
-
-        query = start_database(spark, config)
-
-    def stop(signum: int, _: Any) -> None:
-        log.info("Signal %d: stopping the query after the current batch", signum)
-        query.stop()
-
-    signal.signal(signal.SIGTERM, stop)
-    signal.signal(signal.SIGINT, stop)
-    mark("query_started", **jvm_state(spark))
-    query.awaitTermination()
+    log_session(spark, platform)
+    query = run_query(spark, config, stopping)
     mark("query_terminated", **jvm_state(spark),
-         progress=[p.json for p in query.recentProgress] if enabled() else None)
+         progress=[p.json for p in query.recentProgress] if enabled() and query is not None else None)
     stop_session(spark)
     mark("spark_stopped")
     return 0
+
+
+def run_query(spark: SparkSession, config: IngestConfig | DatabaseConfig, stopping: GracefulStop
+              ) -> StreamingQuery | None:
+    """Run the query until it ends, is stopped (SIGTERM/SIGINT) or fails (raised); with one
+    log line per batch. None when a stop came before the query started."""
+    if stopping.requested.is_set():
+        return None
+    batch_log = BatchLog(query_name(config), progress_line if isinstance(config, IngestConfig) else database_line)
+    spark.streams.addListener(batch_log)
+    if isinstance(config, IngestConfig):
+        query = start(spark, config, on_progress=batch_log.record, stopping=stopping)
+    else:
+        from jobs._database import start_database  # it imports this module
+
+        query = start_database(spark, config, on_progress=batch_log.record, stopping=stopping)
+    stopping.attach(query)
+    mark("query_started", **jvm_state(spark))
+    try:
+        query.awaitTermination()
+    except StreamingQueryException as error:
+        if not stopping.ended_by_stop(error):
+            raise
+        log.info("Stopped: the batch that was running when the stop came was abandoned before its commit")
+    batch_log.drain(query)
+    return query
 
 
 if __name__ == "__main__":

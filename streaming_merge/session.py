@@ -69,7 +69,7 @@ def job_session(
     (see :func:`streaming_merge.spark.packages.package_conf`) are added to a session this call
     creates; under spark-submit they are spark-submit's ``--packages``."""
     given = dict(extra_conf or {})
-    if not _starts_jvm():
+    if not starts_jvm():
         return _platform_session(given)
     conf = {**package_conf(packages), **given}
     if not _is_local(master):
@@ -144,7 +144,7 @@ def local_session(
         os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     quiet_log = QUIET_LOG_DEFAULT not in keep
     conf, archive_build = _session_conf(master, code_conf, short_run=short_run, class_archive=class_archive,
-                                        starts_jvm=_starts_jvm(), late_c2=late_c2, quiet_log=quiet_log)
+                                        starts_jvm=starts_jvm(), late_c2=late_c2, quiet_log=quiet_log)
     defaults = _local_defaults(ui=ui, shuffle_partitions=shuffle_partitions, keep=keep)
     builder = SparkSession.builder.appName(app_name).master(master)
     for key, value in {**{k: v for k, v in defaults.items() if k not in given}, **conf}.items():
@@ -271,7 +271,7 @@ def class_archive_path(master: str = "local[2]", extra_conf: Mapping[str, str] |
     return _class_archive.path_for(conf, given_java_options)
 
 
-def _starts_jvm() -> bool:
+def starts_jvm() -> bool:
     """Whether creating a session now starts a driver JVM in this process (not under
     spark-submit, not Spark Connect, not once a JVM runs)."""
     from pyspark.core.context import SparkContext

@@ -130,7 +130,8 @@ class ProgressLog:
 
 class MergeProgressListener(StreamingQueryListener):
     """Hands ``on_progress`` one record per batch of the queries ``sink`` serves: Spark's
-    progress plus ``merge``, the sink's MergeProgress of the same query and batch. A listener
+    progress plus ``merge``, the sink's MergeProgress of the same query and batch, and
+    ``consumerLag`` (:func:`consumer_lag`) for a Kafka source. A listener
     hears every query of the session, so another query's progress (whose batch ids repeat
     ours) is left out."""
 
@@ -149,6 +150,7 @@ class MergeProgressListener(StreamingQueryListener):
         spark_record = json.loads(progress.json)
         merge = self._sink.progress_for(progress.batchId, query_id)
         spark_record["merge"] = merge.to_dict() if merge is not None else None
+        spark_record["consumerLag"] = consumer_lag(spark_record.get("sources", []))
         try:
             self._on_progress(spark_record)
         except Exception:  # a failing callback must not kill Spark's listener bus
@@ -159,6 +161,34 @@ class MergeProgressListener(StreamingQueryListener):
 
     def onQueryTerminated(self, event: Any) -> None:
         pass
+
+
+def consumer_lag(sources: list[dict[str, Any]]) -> dict[str, dict[str, int]]:
+    """Records each topic-partition has past the batch's end, from a progress record's sources
+    (``latestOffset`` minus ``endOffset``, as Spark's Kafka connector and the ``kafka_py`` source
+    report them: ``{topic: {partition: offset}}``); sources of other shapes are left out."""
+    lag: dict[str, dict[str, int]] = {}
+    for source in sources:
+        latest, end = _offsets(source.get("latestOffset")), _offsets(source.get("endOffset"))
+        for topic, partitions in latest.items():
+            for partition, offset in partitions.items():
+                done = end.get(topic, {}).get(partition)
+                if done is not None:
+                    lag.setdefault(topic, {})[partition] = max(0, offset - done)
+    return lag
+
+
+def _offsets(value: Any) -> dict[str, dict[str, int]]:
+    """``{topic: {partition: offset}}`` of a progress offset (JSON text or parsed), else empty."""
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except ValueError:
+            return {}
+    if not isinstance(value, dict):
+        return {}
+    return {str(topic): {str(p): int(o) for p, o in parts.items() if isinstance(o, int) and not isinstance(o, bool)}
+            for topic, parts in value.items() if isinstance(parts, dict)}
 
 
 def millis_since(since: float) -> int:
