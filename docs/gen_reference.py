@@ -587,12 +587,29 @@ def bench_cdf_read() -> str:
     return _table(header, rows) + sources
 
 
+# ------------------------------------------------------------------ the sink's Spark metrics
+
+
+def spark_metrics() -> str:
+    """Every metric of a stream's source (streaming_merge/streaming/spark_metrics.py), with the
+    names Prometheus and JMX show."""
+    from streaming_merge.streaming.spark_metrics import METRICS
+
+    rows = []
+    for metric in METRICS:
+        exposed = re.sub(r"[^a-zA-Z0-9]", "_", metric.name)
+        prometheus = f"`{exposed}_Count`" if metric.kind == "counter" else f"`{exposed}_Value`"
+        rows.append([prometheus, f"`{metric.name}`", metric.kind, _plain(metric.meaning)])
+    return _table(["Prometheus name ends with", "JMX name ends with", "type", "meaning"], rows)
+
+
 # ------------------------------------------------------------------ names
 
 
 TABLES: dict[str, Callable[[], str]] = {
     "merge-options": merge_options,
     "merge-sink": merge_sink,
+    "spark-metrics": spark_metrics,
     "cli:jobs.kafka_cdc_ingest": lambda: cli("jobs.kafka_cdc_ingest"),
     "cli:jobs.cdf_chain": lambda: cli("jobs.cdf_chain"),
     "cli:jobs.kafka_cdc_demo": lambda: cli("jobs.kafka_cdc_demo"),

@@ -89,8 +89,8 @@ _TABLE_SIZE_METRICS = ("numTargetFilesBeforeSkipping", "numTargetFilesAfterSkipp
                        "numTargetPartitionsAfterSkipping")
 
 _MERGE_MEANINGS: Mapping[str, str] = {
-    "numSourceRows": "rows the MERGE read from the prepared batch (after dedupe, late rows and null keys left out)",
-    "numSourceRowsInSecondScan": "source rows read again by the MERGE's second pass (0 on the insert-only path)",
+    "numSourceRows": "rows the MERGE read from the prepared batch (after dedupe, without null keys and late events)",
+    "numSourceRowsInSecondScan": "source rows read by the MERGE's second pass over the source",
     "numTargetRowsCopied": "unchanged target rows rewritten beside changed ones (copy-on-write)",
     "numTargetRowsInserted": "rows inserted",
     "numTargetRowsUpdated": "rows updated (matched and not matched by source)",
@@ -109,7 +109,7 @@ _MERGE_MEANINGS: Mapping[str, str] = {
     "numTargetPartitionsAddedTo": "partitions that files were added to",
     "numTargetDeletionVectorsAdded": "deletion vectors added",
     "numTargetDeletionVectorsRemoved": "deletion vectors removed",
-    "numTargetDeletionVectorsUpdated": "deletion vectors replaced by a larger one",
+    "numTargetDeletionVectorsUpdated": "deletion vectors updated",
     "executionTimeMs": "milliseconds the MERGE ran",
     "scanTimeMs": "milliseconds the MERGE spent finding the touched files",
     "rewriteTimeMs": "milliseconds the MERGE spent writing files",
@@ -141,7 +141,7 @@ METRICS: tuple[SinkMetric, ...] = (
     _counter("numRowsAfterDedupe", "rows left after keeping the newest event per key", lambda p: p.numRowsAfterDedupe),
     _counter("numLateRowsDropped", "events dropped as older than a tombstone or a truncate",
              lambda p: p.numLateRowsDropped),
-    _counter("numNullKeyRows", "rows with a null key (sent to the dead letter table, or dropped)",
+    _counter("numNullKeyRows", "rows with a null key, sent to the dead letter table",
              lambda p: p.numNullKeyRows),
     _counter("deadLetterRows", "rows written to the dead letter table", lambda p: p.deadLetterRows),
     _counter("numTruncates", "truncate events applied", lambda p: p.numTruncates),

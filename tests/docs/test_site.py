@@ -285,6 +285,7 @@ def test_reference_tables_are_generated(site: Path) -> None:
     """The markers of the reference pages were replaced by the tables the code gives."""
     for page, expected in (("reference/merge-options/index.html", "interpreted_max_rows"),
                            ("reference/merge-sink/index.html", "apply_as_truncates"),
+                           ("reference/metrics/index.html", "lastMerge_numTargetFilesBeforeSkipping_Value"),
                            ("reference/cli/index.html", "--subscribe-pattern"),
                            ("benchmarks/index.html", "spark-floor")):
         html = (site / page).read_text()
