@@ -19,7 +19,9 @@ from PyPI alone). So the source is built through py4j: a Dropwizard ``MetricRegi
 ``Counter`` and ``DefaultSettableGauge`` metrics (metrics-core 4.2, Spark's own), wrapped in
 the plugin framework's ``PluginContextImpl.PluginMetricsSource`` (the one concrete ``Source``
 taking a name and a registry) and given to ``SparkEnv.get.metricsSystem.registerSource``.
-Those are ``private[spark]`` in Scala, public in the bytecode;
+(The one public route, ``LongAccumulatorSource.register``, names every such source
+``AccumulatorSource`` and makes every metric a gauge.) Those are ``private[spark]`` in Scala,
+public in the bytecode;
 tests/spark/test_spark_metrics.py fails when a Spark upgrade changes them. Every metric is in
 the registry before it is registered: the metrics system copies the registry's metrics then.
 
