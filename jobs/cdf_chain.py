@@ -16,23 +16,25 @@ Spark's checkpoint, and the sink commits each batch with its batch id as a Delta
 so a batch replayed after a crash is skipped when its commit had landed. Without
 ``--starting-version`` the first batches are the source's rows as of the query's start (as
 inserts), then every change after it. ``--change-data-feed`` gives the target a feed of its
-own, for the next table downstream. SIGTERM/SIGINT stop the query after the current batch.
+own, for the next table downstream. SIGTERM/SIGINT let the running batch finish within ``--stop-timeout``
+seconds, else abandon it before its commit (jobs/_graceful_stop.py); the job then exits 0.
 """
 
 from __future__ import annotations
 
 import argparse
 import logging
-import signal
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from pyspark.errors import StreamingQueryException
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.streaming import StreamingQuery
 
+from jobs._graceful_stop import DEFAULT_STOP_TIMEOUT_S, GracefulStop
 from streaming_merge import MergeSink
 from streaming_merge.cdf import SHORT_NAME, register
 from streaming_merge.session import job_session, stop_session
@@ -63,6 +65,7 @@ class ChainConfig:
     change_data_feed: bool = False  # the target records its own feed
     deletion_vectors: bool = False
     storage_options: dict[str, str] = field(default_factory=dict)
+    stop_timeout_s: float = DEFAULT_STOP_TIMEOUT_S  # --stop-timeout: a running batch's time to finish on SIGTERM
 
 
 def changes(spark: SparkSession, config: ChainConfig) -> DataFrame:
@@ -99,9 +102,13 @@ def sink_for(config: ChainConfig, phase_hook: PhaseHook | None = None) -> MergeS
 
 
 def start(spark: SparkSession, config: ChainConfig, on_batch: Callable[[MergeSink, int], None] | None = None,
-          phase_hook: PhaseHook | None = None, on_start: Callable[[int], None] | None = None) -> StreamingQuery:
+          phase_hook: PhaseHook | None = None, on_start: Callable[[int], None] | None = None,
+          stopping: GracefulStop | None = None) -> StreamingQuery:
     """Start the chained query (does not wait). ``on_batch(sink, batch_id)`` runs after each
-    batch's MERGE (default: print its progress line), ``on_start(batch_id)`` before it."""
+    batch's MERGE (default: print its progress line), ``on_start(batch_id)`` before it;
+    ``stopping`` lets a running batch finish on SIGTERM."""
+    if stopping is not None:
+        phase_hook = _both(stopping.phase_hook, phase_hook)
     sink = sink_for(config, phase_hook)
     report = on_batch or _print_progress
 
@@ -111,13 +118,22 @@ def start(spark: SparkSession, config: ChainConfig, on_batch: Callable[[MergeSin
         sink(as_upserts(batch, config.sequence_column), batch_id)
         report(sink, batch_id)
 
-    writer = changes(spark, config).writeStream.foreachBatch(for_each_batch).option(
+    writer = changes(spark, config).writeStream.foreachBatch(
+        stopping.wrap(for_each_batch) if stopping else for_each_batch).option(
         "checkpointLocation", config.checkpoint)
     if config.available_now:
         writer = writer.trigger(availableNow=True)
     elif config.processing_time:
         writer = writer.trigger(processingTime=config.processing_time)
     return writer.queryName(f"cdf_chain:{config.target}").start()
+
+
+def _both(first: PhaseHook, then: PhaseHook | None) -> PhaseHook:
+    def hook(phase: str, frame: DataFrame) -> None:
+        first(phase, frame)
+        if then is not None:
+            then(phase, frame)
+    return hook
 
 
 def _print_progress(sink: MergeSink, batch_id: int) -> None:
@@ -157,6 +173,9 @@ def parse_args(argv: Sequence[str] | None) -> tuple[ChainConfig, str]:
     parser.add_argument("--deletion-vectors", action="store_true", help="create the target with deletion vectors")
     parser.add_argument("--storage-option", action="append", default=[], metavar="KEY=VALUE",
                         help="an object-store option for both tables (repeatable)")
+    parser.add_argument("--stop-timeout", type=float, default=DEFAULT_STOP_TIMEOUT_S, metavar="SECONDS",
+                        help="on SIGTERM/SIGINT the running batch may finish within this many seconds, else it is "
+                        "abandoned before its commit; the job then exits 0 (default %(default).0f)")
     parser.add_argument("--master", default="local[2]",
                         help="Spark master of a session the job creates (default local[2]; under spark-submit the "
                         "platform's session is used as it is)")
@@ -174,7 +193,7 @@ def parse_args(argv: Sequence[str] | None) -> tuple[ChainConfig, str]:
         source=args.source, target=args.target, keys=keys, checkpoint=args.checkpoint,
         available_now=args.available_now, processing_time=args.processing_time,
         max_files_per_trigger=args.max_files_per_trigger, max_bytes_per_trigger=args.max_bytes_per_trigger,
-        starting_version=args.starting_version, sequence_column=args.sequence_column,
+        starting_version=args.starting_version, sequence_column=args.sequence_column, stop_timeout_s=args.stop_timeout,
         change_data_feed=args.change_data_feed, deletion_vectors=args.deletion_vectors, storage_options=options)
     return config, args.master
 
@@ -182,16 +201,18 @@ def parse_args(argv: Sequence[str] | None) -> tuple[ChainConfig, str]:
 def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     config, master = parse_args(argv)
+    stopping = GracefulStop(config.stop_timeout_s)
+    stopping.install()
     spark = job_session("cdf_chain", master)
-    query = start(spark, config)
-
-    def stop(signum: int, _frame: Any) -> None:
-        log.info("Signal %d: stopping after the current batch", signum)
-        query.stop()
-
-    signal.signal(signal.SIGTERM, stop)
-    signal.signal(signal.SIGINT, stop)
-    query.awaitTermination()
+    if not stopping.requested.is_set():
+        query = start(spark, config, stopping=stopping)
+        stopping.attach(query)
+        try:
+            query.awaitTermination()
+        except StreamingQueryException as error:
+            if not stopping.ended_by_stop(error):
+                raise
+            log.info("Stopped: the batch that was running when the stop came was abandoned before its commit")
     stop_session(spark)
     return 0
 

@@ -8,8 +8,11 @@ A whole database in one query (one table per topic, see ``jobs/_database.py``):
     python -m jobs.kafka_cdc_ingest --bootstrap-servers 127.0.0.1:9092 \\
         --subscribe-pattern 'dbserver1\\.inventory\\..*' --target-root /lake/inventory --checkpoint /chk/inventory
 
-Prints one progress line per batch (per table and batch) with the merge metrics; SIGTERM/SIGINT stop the
-query cleanly (the current batch finishes, offsets are committed). ``--source-format kafka``
+Logs one line per batch (text, or JSON with ``--log-format json``) once Spark has finished it: the
+MERGE's metrics, the Kafka records read and the consumer lag per topic-partition. On SIGTERM/SIGINT
+the running batch may finish within ``--stop-timeout`` seconds, else it is abandoned before its
+commit (jobs/_graceful_stop.py); the job then exits 0. Under spark-submit it runs in the platform's
+session as it is. ``--source-format kafka``
 reads with Spark's own Kafka connector instead of ours; the rest of the pipeline is the same.
 ``--kafka-option kafka.NAME=VALUE`` (repeatable) passes client settings such as SASL/SSL.
 """

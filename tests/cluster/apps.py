@@ -88,6 +88,27 @@ def start_app(module: str, args: list[str], workdir: Path) -> App:
     return App(name, process, stdout, stderr)
 
 
+def submit_job(script: str, args: list[str], workdir: Path, conf: dict[str, str]) -> App:
+    """``spark-submit --master MASTER`` of a job's script from the repository root, as a user
+    deploys it: the driver's and the executors' Python are spark-submit's settings
+    (``spark.pyspark.driver.python``, ``spark.pyspark.python``), not the environment."""
+    name = Path(script).stem
+    stdout, stderr = workdir / f"{name}.stdout", workdir / f"{name}.stderr"
+    env = {k: v for k, v in os.environ.items() if k not in ("PYSPARK_PYTHON", "PYSPARK_DRIVER_PYTHON",
+                                                             "PYSPARK_SUBMIT_ARGS")}
+    env["PYTHONPATH"] = str(ROOT)
+    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"  # an activated virtualenv
+    settings = {"spark.pyspark.python": sys.executable, "spark.pyspark.driver.python": sys.executable,
+                "spark.executor.extraJavaOptions": _JVM_OPTIONS, **conf}
+    command = [str(Path(sys.executable).parent / "spark-submit"), "--master", MASTER,
+               "--driver-java-options", _JVM_OPTIONS,
+               *(word for key, value in settings.items() for word in ("--conf", f"{key}={value}")),
+               str(ROOT / script), *args]
+    with open(stdout, "ab") as out, open(stderr, "ab") as err:
+        process = subprocess.Popen(command, cwd=ROOT, stdout=out, stderr=err, start_new_session=True, env=env)
+    return App(name, process, stdout, stderr)
+
+
 def wait_for_file(path: Path, app: App, timeout_s: float = APP_TIMEOUT_S) -> dict[str, Any]:
     """Poll for a JSON file the app writes atomically; fail at once if the app exits first."""
     deadline = time.monotonic() + timeout_s
