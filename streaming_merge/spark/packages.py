@@ -1,6 +1,7 @@
 """Spark packages (``spark.jars.packages``) for a session this project starts: Spark's Kafka
-connector, Delta Lake's jar and Hadoop's S3A connector (``hadoop-aws``), resolved by Spark's Ivy from Maven Central alone with a cache
-of the project's own (``ivysettings.xml`` beside this module says why)."""
+connector, Delta Lake's jar and Hadoop's S3A connector (``hadoop-aws``), resolved by Spark's
+Ivy from Maven Central alone with a cache of the project's own (``ivysettings.xml`` beside this
+module says why)."""
 
 from __future__ import annotations
 
