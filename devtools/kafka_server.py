@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import IO
 
 from devtools.jars import kafka_classpath
-from devtools.processes import log_tail, stop_group
+from devtools.processes import kill_group, log_tail, stop_group
 from streaming_merge.kafka.broker_client import KafkaBrokerClient
 
 USER = "alice"
@@ -218,6 +218,30 @@ class ApacheKafka:
 
     def log_tail(self, lines: int = 40) -> str:
         return log_tail((self.workdir or Path("/nonexistent")) / "kafka.log", lines)
+
+    @property
+    def running(self) -> bool:
+        return self._process is not None and self._process.poll() is None
+
+    def kill(self) -> None:
+        """SIGKILL the broker's JVM, like a machine dying: no controlled shutdown, so the next
+        start recovers its logs. Its log directory, ports, cluster id and TLS files stay, for
+        :meth:`restart`."""
+        kill_group(self._process)
+        self._process = None
+
+    def restart(self) -> ApacheKafka:
+        """Start the broker again on the log directory and ports of :meth:`start` (after
+        :meth:`kill`): the same properties, storage already formatted, so the topics, their
+        records and the committed offsets are the ones it had."""
+        if self.workdir is None or not (self.workdir / "server.properties").exists():
+            raise KafkaServerError("restart() needs a broker that was started (its workdir holds its storage)")
+        if self.running:
+            raise KafkaServerError("restart() of a broker that is running: kill() it first")
+        with (self.workdir / "kafka.log").open("ab") as log:  # the JVM holds its own descriptor
+            self._process = self._java(["kafka.Kafka", str(self.workdir / "server.properties")], stdout=log)
+        self._wait_until_ready()
+        return self
 
     def stop(self) -> None:
         stop_group(self._process)
