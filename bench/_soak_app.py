@@ -279,6 +279,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--events", required=True, help="JSON-lines file of this life's events")
     parser.add_argument("--kill", default=None, help="KIND:BATCH[:ARG], see the module docstring")
     parser.add_argument("--executor-kill", action="append", default=[], help="KIND:BATCH (repeatable)")
+    parser.add_argument("--local-dir", default=None, help="spark.local.dir (the soak's small tmpfs)")
     parser.add_argument("--executor-kills-before", type=int, default=None,
                         help="executor kills only in batches below this one (the process kill's batch)")
     args = parser.parse_args(argv)
@@ -317,6 +318,8 @@ def main(argv: list[str] | None = None) -> int:
     if kill is not None and kill.kind == "mid_read":
         os.environ[ARMING_ENV] = arming  # the JVM, its daemon and workers inherit it
         extra_conf["spark.python.daemon.module"] = "bench._soak_worker"
+    if args.local_dir:
+        extra_conf["spark.local.dir"] = args.local_dir
     spark = local_session("soak-kafka-ingest", args.master, shuffle_partitions=2, extra_conf=extra_conf)
     sc = spark.sparkContext
     state.emit("session", appId=sc.applicationId, master=sc.master, sinceStartMs=round(

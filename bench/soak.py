@@ -65,9 +65,13 @@ from typing import Any
 
 import deltalake
 
+from bench._soak_delta_writer import expected_writer_rows
+from bench._soak_faults import DISRUPTIVE_KINDS, FAULT_KINDS, DeltaWriter, Faults, LocalDisk, make_fault_plan
 from bench.kafka_ingest_bench import produce_keyed_bulk
+from devtools.kafka_server import ApacheKafka
 from jobs import cdc_generator
 from streaming_merge.kafka.broker import EmbeddedKafka
+from streaming_merge.kafka.broker_client import KafkaBrokerClient
 
 ROOT = Path(__file__).resolve().parents[1]
 TABLE = "orders"
@@ -80,6 +84,9 @@ PROCESS_KILL_KINDS = ("commit_before", "commit_after", "mid_read", "after_merge_
 EXECUTOR_KILL_KINDS = ("mid_read", "after_materialize", "mid_merge")
 LIFE_TIMEOUT_S = 900.0  # a guard against a hung life, not a synchronisation
 MAX_FAILED_LIVES = 5  # consecutive lives that die on their own (not by our kill) before giving up
+MAX_FAULT_FAILED_LIVES = 10  # consecutive lives that fail under a broker outage or a full disk
+# --faults all: how many of each fault kind, unless a flag of its own says otherwise.
+ALL_FAULTS = {"broker_restart": 3, "delta_merge": 3, "delta_optimize": 3, "disk_full": 3}
 # Each life's JVMs live a minute or so: C1 compiles their hot code soon enough and leaves the two
 # cores to the work (a local-cluster life runs three JVMs); as tests/cluster/ does.
 JVM_OPTIONS = "-XX:TieredStopAtLevel=1"
@@ -250,10 +257,14 @@ class Life:
     spark_offsets_after: int | None = None
     checks: dict[str, bool] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
+    faults: list[dict[str, Any]] = field(default_factory=list)  # the faults fired while it ran
+    died_under_fault: bool = False  # failed on its own while the broker was down or the disk full
+    conflict_retries: int = 0  # the sink's reruns after a concurrent commit (its progress' conflictRetries)
 
 
 class Soak:
-    def __init__(self, args: argparse.Namespace, workdir: Path, bootstrap: str) -> None:
+    def __init__(self, args: argparse.Namespace, workdir: Path, bootstrap: str, faults: Faults | None = None,
+                 local_dir: Path | None = None) -> None:
         self.args = args
         self.workdir = workdir
         self.bootstrap = bootstrap
@@ -261,6 +272,8 @@ class Soak:
         self.checkpoint = workdir / "checkpoint"
         self.dead_letter = workdir / "dead_letter"
         self.batch_s: list[float] = []  # batch durations, to scale wall-clock delays
+        self.faults = faults
+        self.local_dir = local_dir
 
     def command(self, events: Path, kill: KillPlan | None, executor_points: list[ExecutorPlan]) -> list[str]:
         command = [sys.executable, "-m", "bench._soak_app", "--bootstrap-servers", self.bootstrap,
@@ -275,6 +288,8 @@ class Soak:
             command += ["--executor-kill", f"{point.kind}:{point.batch}"]
         if kill is not None and executor_points:
             command += ["--executor-kills-before", str(kill.batch)]
+        if self.local_dir is not None:
+            command += ["--local-dir", str(self.local_dir)]
         return command
 
     def wall_scale_s(self) -> float:
@@ -286,6 +301,8 @@ class Soak:
         life = Life(index, asdict(kill) if kill else None, [f"{p.kind}:{p.batch}" for p in executor_points])
         env = {**os.environ, "PYTHONPATH": str(ROOT)}
         env.setdefault("PYSPARK_SUBMIT_ARGS", SUBMIT_ARGS)
+        if self.local_dir is not None:  # the env wins over spark.local.dir: executors and workers too
+            env["SPARK_LOCAL_DIRS"] = str(self.local_dir)
         out = open(self.workdir / f"life-{index:02d}.log", "wb")  # noqa: SIM115 - closed below
         launched, launched_wall = time.monotonic(), time.time()
         process = subprocess.Popen(self.command(events_path, kill, executor_points), cwd=ROOT, stdout=out,
@@ -308,9 +325,12 @@ class Soak:
                         life.killed_at = {"kind": "wall_clock", "delayS": round(wall_delay, 2),
                                           "batchId": last.get("batchId"), "lastEvent": last.get("event"),
                                           "lastEventTable": last.get("table")}
-                if now - launched > LIFE_TIMEOUT_S and not life.notes:
+                if self.faults is not None:
+                    started_batches = [e["batchId"] for e in read_events(events_path) if e["event"] == "batch_start"]
+                    life.faults += self.faults.poll(index, max(started_batches) if started_batches else None)
+                if now - launched > self.args.life_timeout and not life.notes:
                     os.killpg(process.pid, signal.SIGKILL)
-                    life.notes.append(f"hung: killed after {LIFE_TIMEOUT_S:.0f}s")
+                    life.notes.append(f"hung: killed after {self.args.life_timeout:.0f}s")
                 time.sleep(0.05)
         finally:
             if process.poll() is None:
@@ -320,6 +340,8 @@ class Soak:
         life.seconds = round(time.monotonic() - launched, 2)
         life.exit_code = process.returncode
         life.survivors = wait_group_gone(process.pid)
+        if self.faults is not None:
+            self.faults.end_of_life()
         self.observe(life, events_path, launched_wall)
         return life
 
@@ -340,6 +362,7 @@ class Soak:
                 life.first_batch_skipped = bool(merges[0]["progress"].get("skipped"))
         life.batches_started = [e["batchId"] for e in events if e["event"] == "batch_start"]
         life.batches_merged = [e["batchId"] for e in merges]
+        life.conflict_retries = sum(int(m["progress"].get("conflictRetries") or 0) for m in merges)
         for merge in merges:  # warm batches only: a life's first batch pays the executors' start-up
             if merge["batchId"] in started_at and merge["batchId"] != life.first_batch \
                     and not merge["progress"].get("skipped"):
@@ -416,6 +439,21 @@ def final_offsets(checkpoint: Path) -> dict[int, int]:
 # ------------------------------------------------------------------ main
 
 
+def fault_counts(args: argparse.Namespace) -> dict[str, int]:
+    """How many of each fault kind: its own flag, else --faults all's number, else none."""
+    flags = {"broker_restart": args.broker_restarts, "delta_merge": args.delta_merges,
+             "delta_optimize": args.delta_optimizes, "disk_full": args.disk_fills}
+    base = ALL_FAULTS if args.faults == "all" else dict.fromkeys(FAULT_KINDS, 0)
+    return {kind: flags[kind] if flags[kind] is not None else base[kind] for kind in FAULT_KINDS}
+
+
+def start_broker(args: argparse.Namespace, workdir: Path, stack: contextlib.ExitStack) -> EmbeddedKafka | ApacheKafka:
+    if args.broker == "apache":
+        # Its own folder in the work folder: a restart needs the log directory it had.
+        return stack.enter_context(ApacheKafka(workdir=workdir / "kafka"))
+    return stack.enter_context(EmbeddedKafka())
+
+
 def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
     rng = random.Random(args.seed)
     started = time.monotonic()
@@ -424,24 +462,41 @@ def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
     expected = cdc_generator.expected_rows(state)
     batches_estimate = math.ceil(len(records) / args.max_offsets_per_trigger)
     plan, executor_plan = make_plan(rng, args.kills, args.executor_kills, batches_estimate)
+    counts = fault_counts(args)
+    fault_plan = make_fault_plan(rng, counts, batches_estimate)  # drawn after the kills: a seed's kills stay
     lives: list[Life] = []
-    with EmbeddedKafka() as broker:
-        broker.create_topic(TOPIC, args.partitions)
-        acks = produce_keyed_bulk(broker.bootstrap_servers, TOPIC, args.partitions,
-                                  [(r.key, r.value) for r in records])
-        ends = {p: latest for p, (_, latest) in broker.client().offsets(TOPIC).items()}
-        broker.client().close()
+    writer_outcomes: list[dict[str, Any]] = []
+    with contextlib.ExitStack() as stack:
+        broker = start_broker(args, workdir, stack)
+        kind = "kafka" if args.broker == "apache" else "tansu"
+        with KafkaBrokerClient(broker.bootstrap_servers, kind=kind) as client:
+            client.create_topic(TOPIC, args.partitions)
+            acks = produce_keyed_bulk(broker.bootstrap_servers, TOPIC, args.partitions,
+                                      [(r.key, r.value) for r in records])
+            ends = {p: latest for p, (_, latest) in client.offsets(TOPIC).items()}
         malformed = {(a.partition, a.offset) for r, a in zip(records, acks, strict=True) if r.key == b"bad"}
         print(f"Produced {len(records)} Kafka records ({args.events} change events, {len(malformed)} malformed, "
-              f"{keys} keys) to {TOPIC} over {args.partitions} partitions; ~{batches_estimate} batches of "
-              f"<= {args.max_offsets_per_trigger}; master {args.master}", flush=True)
+              f"{keys} keys) to {TOPIC} over {args.partitions} partitions on {args.broker}; ~{batches_estimate} "
+              f"batches of <= {args.max_offsets_per_trigger}; master {args.master}", flush=True)
         print("Kill plan: " + ", ".join(f"{k.kind}{'/' + k.table if k.table else ''}@{k.batch}" for k in plan),
               flush=True)
         print("Executor kill plan: " + (", ".join(f"{p.kind}@{p.batch}" for p in executor_plan) or "none"),
               flush=True)
-        soak = Soak(args, workdir, broker.bootstrap_servers)
+        print("Fault plan: " + (", ".join(f"{f.kind}@{f.batch}" for f in fault_plan) or "none"), flush=True)
+        disk = writer = None
+        if counts["disk_full"]:
+            disk = LocalDisk(workdir / "local_dir", args.local_dir_mb).mount()
+            stack.callback(disk.unmount)
+        target = workdir / TABLE
+        if counts["delta_merge"] or counts["delta_optimize"]:
+            writer = DeltaWriter(workdir, target).start()
+            stack.callback(writer.kill)
+        soak = Soak(args, workdir, broker.bootstrap_servers, local_dir=disk.path if disk else None)
+        faults = (Faults(fault_plan, soak.wall_scale_s, broker=broker if isinstance(broker, ApacheKafka) else None,
+                         writer=writer, disk=disk, target=target) if fault_plan else None)
+        soak.faults = faults
         pending = list(plan)
-        failed_in_a_row = 0
+        failed_in_a_row = failed_under_fault_in_a_row = 0
         previous_txn: int | None = None
         previous_commit = -1
         while True:
@@ -477,22 +532,33 @@ def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
                     life.checks[f"survivedExecutorKill@{record['batchId']}"] = record["batchFinished"]
             previous_txn = life.txn_after if life.txn_after is not None else previous_txn
             previous_commit = life.spark_commit_after if life.spark_commit_after is not None else previous_commit
+            if life.exit_code not in (0, -signal.SIGKILL) and any(f["kind"] in DISRUPTIVE_KINDS for f in life.faults):
+                life.died_under_fault = True
             print(life_line(life), flush=True)
             if life.exit_code == -signal.SIGKILL and life.killed_at is not None:
                 pending.pop(0)
-                failed_in_a_row = 0
+                failed_in_a_row = failed_under_fault_in_a_row = 0
                 continue
             if life.exit_code == 0:
                 if kill is not None:
                     life.notes.append("planned kill(s) never reached, the stream ended first: "
                                       + ", ".join(f"{k.kind}@{k.batch}" for k in pending))
                 break
+            if life.died_under_fault:  # the broker was down or the disk full: restarted like a killed life
+                failed_under_fault_in_a_row += 1
+                if failed_under_fault_in_a_row >= MAX_FAULT_FAILED_LIVES:
+                    life.notes.append(f"giving up after {failed_under_fault_in_a_row} lives that failed under faults")
+                    break
+                continue
             failed_in_a_row += 1  # died on its own or hung: restart, the checkpoint must cope
             if failed_in_a_row >= MAX_FAILED_LIVES:
                 life.notes.append(f"giving up after {failed_in_a_row} lives that failed on their own")
                 break
+        if writer is not None:
+            writer_outcomes = writer.finish()
+        writer_merges = sorted(int(o["index"]) for o in writer_outcomes if o["kind"] == "merge" and o.get("applied"))
         app_id = query_id(soak.checkpoint)
-        table = compare(soak.target, expected)
+        table = compare(soak.target, {**expected, **expected_writer_rows(writer_merges)})
         dead = compare_dead_letter(soak.dead_letter, malformed)
         txns = {name: committed_txns(path) for name, path in
                 (("target", soak.target), ("tombstones", Path(f"{soak.target}_tombstones")),
@@ -500,11 +566,17 @@ def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
         complete = {name: log_is_complete(path) for name, path in
                     (("target", soak.target), ("tombstones", Path(f"{soak.target}_tombstones")),
                      ("dead_letter", soak.dead_letter)) if (path / "_delta_log").exists()}
-        twice = {name: sorted(f"{a}@{v}" for (a, v), n in counts.items() if n > 1) for name, counts in txns.items()}
+        twice = {name: sorted(f"{a}@{v}" for (a, v), n in per_txn.items() if n > 1) for name, per_txn in txns.items()}
         offsets_done = final_offsets(soak.checkpoint)
+        fault_report = {
+            "planned": counts, "plan": [asdict(f) for f in fault_plan],
+            "fired": faults.records if faults else [], "notDelivered": faults.not_delivered() if faults else [],
+            "writerCommands": writer.sent if writer else 0, "writerOutcomes": writer_outcomes,
+            "writerMergesApplied": len(writer_merges), "writerRowsExpected": len(expected_writer_rows(writer_merges)),
+            "localDirMb": args.local_dir_mb if disk else None, "broker": args.broker}
     elapsed = time.monotonic() - started
     return summarize(args, keys, records, malformed, plan, executor_plan, lives, table, dead, twice, complete,
-                     offsets_done, ends, app_id, elapsed)
+                     offsets_done, ends, app_id, elapsed, fault_report)
 
 
 PHASE_AFTER_EVENT = {
@@ -549,6 +621,9 @@ def life_line(life: Life) -> str:
     return (f"life {life.index:2d}: {what}; batches {life.batches_started[:1]}..{life.batches_started[-1:]} "
             f"txn {life.txn_after} spark commit {life.spark_commit_after}; resumed in {life.to_first_batch_s}s"
             f"{', replay skipped' if life.first_batch_skipped else ''}{execs}"
+            f"{'; faults ' + ','.join(f['kind'] for f in life.faults) if life.faults else ''}"
+            f"{' (failed under a fault, restarted)' if life.died_under_fault else ''}"
+            f"{'; conflict retries ' + str(life.conflict_retries) if life.conflict_retries else ''}"
             f"{'; FAILED CHECKS ' + ','.join(failed) if failed else ''} ({life.seconds:.0f}s)")
 
 
@@ -556,19 +631,30 @@ def summarize(args: argparse.Namespace, keys: int, records: list[cdc_generator.R
               malformed: set[tuple[int, int]], plan: list[KillPlan], executor_plan: list[ExecutorPlan],
               lives: list[Life], table: dict[str, Any], dead: dict[str, Any], twice: dict[str, list[str]],
               complete: dict[str, bool], offsets_done: dict[int, int], ends: dict[int, int], app_id: str | None,
-              elapsed: float) -> dict[str, Any]:
+              elapsed: float, faults: dict[str, Any]) -> dict[str, Any]:
     killed = [life for life in lives if life.exit_code == -signal.SIGKILL and life.killed_at]
     kinds = Counter(life.killed_at["kind"] for life in killed if life.killed_at)
     executor_kills = [e for life in lives for e in life.executor_kills if e["event"] == "executor_killed"]
     resumed = [life for life in lives[1:] if life.to_first_batch_s is not None]
     failed_checks = [f"life {life.index}: {name}" for life in lives for name, ok in life.checks.items() if not ok]
-    died_alone = [life.index for life in lives if life.exit_code not in (0, -signal.SIGKILL)]
+    died_alone = [life.index for life in lives
+                  if life.exit_code not in (0, -signal.SIGKILL) and not life.died_under_fault]
+    died_under_fault = [life.index for life in lives if life.died_under_fault]
     batches = (lives[-1].spark_commit_after + 1) if lives and lives[-1].spark_commit_after is not None else 0
+    fired = Counter(f["kind"] for f in faults["fired"])
+    writer_failed = [o for o in faults["writerOutcomes"] if not o.get("applied")]
+    fault_problems = ([f"not delivered: {n}" for n in faults["notDelivered"]]
+                      + [f"broker restart {f['index']}: {f['restartError']}" for f in faults["fired"]
+                         if "restartError" in f]
+                      + [f"Delta writer {o['kind']} {o['index']}: {o.get('error')}" for o in writer_failed]
+                      + ([f"Delta writer: {len(faults['writerOutcomes'])} outcomes of {faults['writerCommands']} "
+                          "commands"] if len(faults["writerOutcomes"]) != faults["writerCommands"] else []))
     ok = (table["lost"] == 0 and table["duplicated"] == 0 and table["wrong"] == 0
           and dead["lost"] == 0 and dead["duplicated"] == 0 and dead["unexpected"] == 0
           and not any(twice.values()) and all(complete.values()) and offsets_done == ends
           and len(killed) >= args.kills and len(executor_kills) >= args.executor_kills
-          and not failed_checks and not died_alone and lives and lives[-1].exit_code == 0)
+          and not failed_checks and not died_alone and lives and lives[-1].exit_code == 0
+          and not fault_problems)
     kill_records = []
     for number, life in enumerate(killed, 1):
         after = lives[life.index + 1] if life.index + 1 < len(lives) else None
@@ -586,7 +672,8 @@ def summarize(args: argparse.Namespace, keys: int, records: list[cdc_generator.R
         "verdict": "PASS" if ok else "FAIL",
         "config": {"events": args.events, "keys": keys, "partitions": args.partitions, "seed": args.seed,
                    "maxOffsetsPerTrigger": args.max_offsets_per_trigger, "master": args.master,
-                   "kills": args.kills, "executorKills": args.executor_kills},
+                   "kills": args.kills, "executorKills": args.executor_kills, "broker": args.broker,
+                   "faults": faults["planned"], "localDirMb": faults["localDirMb"]},
         "figures": {
             "changeEvents": args.events, "kafkaRecords": len(records), "malformedRecords": len(malformed),
             "batches": batches, "lives": len(lives), "kills": len(killed), "killsPlanned": len(plan),
@@ -596,7 +683,20 @@ def summarize(args: argparse.Namespace, keys: int, records: list[cdc_generator.R
             "executorKillsSurvived": sum(1 for e in executor_kills if e["batchFinished"]),
             "executorKillsByKind": dict(Counter(e["kind"] for e in executor_kills)),
             "livesThatDiedOnTheirOwn": died_alone,
+            "livesThatFailedUnderAFault": died_under_fault,
+            "faultsPlanned": faults["planned"], "faultsFired": {k: fired.get(k, 0) for k in faults["planned"]},
+            "faultProblems": fault_problems,
+            "brokerDownSeconds": [round(f["downForS"] + f.get("restartS", 0), 1) for f in faults["fired"]
+                                  if f["kind"] == "broker_restart"],
+            "diskFullSeconds": [f.get("releasedAfterS") for f in faults["fired"] if f["kind"] == "disk_full"],
+            "deltaWriterCommits": sum(1 for o in faults["writerOutcomes"] if o.get("applied")),
+            "deltaWriterConflicts": sum(len(o.get("conflicts", [])) for o in faults["writerOutcomes"]),
+            "deltaWriterRowsExpected": faults["writerRowsExpected"],
+            "sinkConflictRetries": sum(life.conflict_retries for life in lives),
+            "sinkRerunsAndRestages": sum(1 for life in lives for n in life.notes
+                                         if "staging it again" in n or "rerunning the batch" in n),
             "wallSeconds": round(elapsed, 1),
+            "eventsPerSecond": round(args.events / elapsed, 2) if elapsed else None,
             "meanSecondsToResume": round(statistics.mean(r.to_first_batch_s for r in resumed), 2) if resumed else None,
             "meanSecondsToFirstMerge": round(statistics.mean(r.to_first_merge_s for r in resumed
                                                              if r.to_first_merge_s is not None), 2)
@@ -605,6 +705,7 @@ def summarize(args: argparse.Namespace, keys: int, records: list[cdc_generator.R
             "finalRows": table["rows"], "expectedRows": table["expectedRows"],
             "lost": table["lost"], "duplicated": table["duplicated"], "wrong": table["wrong"],
         },
+        "faults": faults,
         "table": table, "deadLetter": dead, "txnCommittedTwice": twice, "logsComplete": complete,
         "finalOffsets": offsets_done, "topicEndOffsets": ends, "queryId": app_id,
         "failedChecks": failed_checks,
@@ -615,6 +716,23 @@ def summarize(args: argparse.Namespace, keys: int, records: list[cdc_generator.R
         "lives": [asdict(life) for life in lives],
         "plan": [asdict(k) for k in plan],
     }
+
+
+def fault_detail(fault: dict[str, Any], writer_outcomes: list[dict[str, Any]]) -> str:
+    """One fired fault in words."""
+    if fault["kind"] == "broker_restart":
+        return (f"broker SIGKILLed, down {fault['downForS']}s, restarted in {fault.get('restartS')}s"
+                + (f" ERROR {fault['restartError']}" if "restartError" in fault else ""))
+    if fault["kind"] == "disk_full":
+        return (f"{fault['ballastBytes'] / 2**20:.1f} MiB ballast ({fault['usedBeforeBytes'] / 2**20:.1f} MiB in use), "
+                f"removed after {fault.get('releasedAfterS')}s")
+    outcome = next((o for o in writer_outcomes if o["index"] == fault["index"]), None)
+    if outcome is None:
+        return "Delta writer: no outcome"
+    if not outcome.get("applied"):
+        return f"Delta writer FAILED: {outcome.get('error')}"
+    return (f"Delta {outcome['kind']} committed version {outcome['versionAfter']} in {outcome['seconds']}s "
+            f"after {len(outcome['conflicts'])} conflicts {outcome['metrics']}")
 
 
 def print_report(result: dict[str, Any]) -> None:
@@ -639,7 +757,19 @@ def print_report(result: dict[str, Any]) -> None:
               f"{e.get('jobRestages')}; executors after: {e.get('executorsAfterBatch')})")
     print(f"restarts: mean {f['meanSecondsToResume']}s to the first batch, {f['meanSecondsToFirstMerge']}s to "
           f"the first merge; {f['replaysSkippedByTxn']} replays skipped by the Delta txn")
-    print(f"total wall time: {f['wallSeconds']:.0f}s ({f['wallSeconds'] / 60:.1f} min)")
+    print(f"faults on {result['config']['broker']}: fired {f['faultsFired']} of planned {f['faultsPlanned']}")
+    for fault in result["faults"]["fired"]:
+        print(f"  {fault['kind']:<15} life {fault['life']:2d} batch {fault['batchWhenFired']!s:>3} "
+              f"(planned >= {fault['batch']:3d}): {fault_detail(fault, result['faults']['writerOutcomes'])}")
+    print(f"  broker outages (s): {f['brokerDownSeconds']}; disk full (s): {f['diskFullSeconds']}; "
+          f"lives that failed under a fault and were restarted: {f['livesThatFailedUnderAFault']}")
+    print(f"  Delta Lake writer: {f['deltaWriterCommits']} commits, {f['deltaWriterConflicts']} conflicts it reran; "
+          f"its {f['deltaWriterRowsExpected']} rows expected in the table; the sink's conflict retries: "
+          f"{f['sinkConflictRetries']}; sink reruns / job re-stagings: {f['sinkRerunsAndRestages']}")
+    for problem in f["faultProblems"]:
+        print(f"  FAULT PROBLEM: {problem}")
+    print(f"total wall time: {f['wallSeconds']:.0f}s ({f['wallSeconds'] / 60:.1f} min); "
+          f"{f['eventsPerSecond']} change events/s")
     print(f"final rows: {f['finalRows']} (expected {f['expectedRows']})")
     d = result["deadLetter"]
     print(f"dead letter: {d['rows']} rows, expected {d['expected']} (lost {d['lost']}, duplicated "
@@ -676,11 +806,31 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--master", default="local-cluster[2,1,1024]",
                         help="Spark master of the job, e.g. 'local[2]' (no executor JVMs to kill)")
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--broker", choices=("tansu", "apache"), default=None,
+                        help="the embedded Tansu broker (default) or Apache Kafka (devtools/kafka_server.py; "
+                        "the default with broker restarts)")
+    parser.add_argument("--faults", choices=("none", "all"), default="none",
+                        help=f"'all': the faults of a real deployment, each {ALL_FAULTS} unless its own flag "
+                        "says otherwise, on Apache Kafka")
+    parser.add_argument("--broker-restarts", type=int, default=None, help="SIGKILLs and restarts of Apache Kafka")
+    parser.add_argument("--delta-merges", type=int, default=None,
+                        help="Delta Lake MERGEs of other keys on the target, from another process")
+    parser.add_argument("--delta-optimizes", type=int, default=None, help="Delta Lake OPTIMIZEs of the target")
+    parser.add_argument("--disk-fills", type=int, default=None,
+                        help="times the job's spark.local.dir (a tmpfs, needs root) is filled up")
+    parser.add_argument("--local-dir-mb", type=int, default=256, help="size of that tmpfs")
+    parser.add_argument("--life-timeout", type=float, default=LIFE_TIMEOUT_S,
+                        help="seconds after which a life is deemed hung and killed (a guard)")
     parser.add_argument("--json", default=None, help="write the figures, kills and lives here as JSON")
     parser.add_argument("--workdir", default=None, help="tables, checkpoint and each life's events and log "
                         "(default: a temporary folder, removed after a PASS)")
     parser.add_argument("--keep", action="store_true", help="keep the temporary folder after a PASS too")
     args = parser.parse_args(argv)
+    counts = fault_counts(args)
+    if args.broker is None:
+        args.broker = "apache" if counts["broker_restart"] else "tansu"
+    if counts["broker_restart"] and args.broker != "apache":
+        parser.error("--broker-restarts needs --broker apache (the embedded broker keeps its log in memory)")
     if args.executor_kills and not args.master.startswith("local-cluster"):
         parser.error(f"--executor-kills needs a local-cluster master (no executor JVMs under {args.master}); "
                      "pass --executor-kills 0")

@@ -1,0 +1,298 @@
+"""The soak's faults of a real deployment besides its process kills (bench/soak.py): Apache
+Kafka SIGKILLed and restarted, Delta Lake's own writer on the target table, and the job's
+local disk (``spark.local.dir``) filling up. Each fault is planned up front with the soak's
+seeded RNG ("at batch B": the first time a batch >= B starts in a life, after a random delay)
+and fired from the soak's process while a life runs, wherever that lands.
+
+- ``broker_restart``: SIGKILL of the broker's JVM (no controlled shutdown), down for a random
+  while, then restarted on the same log directory and port (devtools/kafka_server.py). The job
+  may ride it out or fail; a failed life is restarted like a killed one.
+- ``delta_merge`` / ``delta_optimize``: a command to the Delta Lake writer
+  (bench/_soak_delta_writer.py, delta-spark in a process of its own): a MERGE of keys the
+  stream never uses, or OPTIMIZE. It runs beside the job's batches; both sides must retry
+  their conflicts and lose no commit.
+- ``disk_full``: the job's ``spark.local.dir`` is a small tmpfs; a ballast file fills it for a
+  random while (at most until the life ends), so shuffle and block writes fail with ENOSPC.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import json
+import os
+import random
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from devtools.kafka_server import ApacheKafka
+
+FAULT_KINDS = ("broker_restart", "delta_merge", "delta_optimize", "disk_full")
+# Faults that make a life fail without a kill of ours: such a life is restarted, not a failure.
+DISRUPTIVE_KINDS = ("broker_restart", "disk_full")
+WRITER_READY_TIMEOUT_S = 300.0  # a guard: the writer's JVM with Delta's jar, on a loaded machine
+WRITER_FINISH_TIMEOUT_S = 600.0
+BALLAST = "ballast"
+
+
+@dataclass
+class FaultPlan:
+    """One fault: KIND once a batch >= ``batch`` starts, ``delay_fraction`` of the soak's delay
+    scale later; ``hold_fraction`` scales how long the broker stays down / the disk stays full."""
+
+    index: int
+    kind: str
+    batch: int
+    delay_fraction: float
+    hold_fraction: float
+
+
+def make_fault_plan(rng: random.Random, counts: dict[str, int], batches: int) -> list[FaultPlan]:
+    """Faults at random batches of the first 75 % of the stream, so that each fires before the
+    stream ends even when the lives around it are killed early."""
+    span = max(1, int(batches * 0.75))
+    drawn = [(rng.randrange(span), kind, rng.random(), rng.random())
+             for kind in FAULT_KINDS for _ in range(counts.get(kind, 0))]
+    drawn.sort(key=lambda d: (d[0], d[1]))
+    return [FaultPlan(i, kind, batch, delay, hold) for i, (batch, kind, delay, hold) in enumerate(drawn)]
+
+
+# ------------------------------------------------------------------ the local disk
+
+
+class LocalDisk:
+    """A tmpfs of ``size_mb`` at ``path``, the job's ``spark.local.dir``; unmounted by
+    :meth:`unmount`, and at exit if the soak dies before."""
+
+    def __init__(self, path: Path, size_mb: int) -> None:
+        self.path = path
+        self.size_mb = size_mb
+        self.mounted = False
+        self.ballast = path / BALLAST
+
+    def mount(self) -> LocalDisk:
+        self.path.mkdir(parents=True, exist_ok=True)
+        subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={self.size_mb}m", "tmpfs", str(self.path)], check=True)
+        self.mounted = True
+        atexit.register(self.unmount)
+        return self
+
+    def fill(self) -> int:
+        """A ballast file takes every free byte; returns its size."""
+        stat = os.statvfs(self.path)
+        free = stat.f_bavail * stat.f_frsize
+        with open(self.ballast, "wb") as handle:
+            if free:
+                os.posix_fallocate(handle.fileno(), 0, free)
+        return free
+
+    def release(self) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            self.ballast.unlink()
+
+    def used_bytes(self) -> int:
+        stat = os.statvfs(self.path)
+        return (stat.f_blocks - stat.f_bfree) * stat.f_frsize
+
+    def clear(self) -> None:
+        """Between lives: a killed job leaves its block-manager and shuffle folders behind
+        (Spark removes them only at a clean exit); a real node's scratch disk goes with the
+        container. Kept, a hundred dead lives would fill the disk with no fault of ours."""
+        for entry in self.path.iterdir():
+            if entry.is_dir() and not entry.is_symlink():
+                shutil.rmtree(entry, ignore_errors=True)
+            else:
+                with contextlib.suppress(FileNotFoundError):
+                    entry.unlink()
+
+    def unmount(self) -> None:
+        if self.mounted:
+            subprocess.run(["umount", "-l", str(self.path)], check=False)
+            self.mounted = False
+
+
+# ------------------------------------------------------------------ Delta Lake's writer
+
+
+class DeltaWriter:
+    """The delta-spark writer process (bench/_soak_delta_writer.py) and its command folder."""
+
+    def __init__(self, workdir: Path, target: Path) -> None:
+        self.folder = workdir / "delta_writer"
+        self.target = target
+        self.sent = 0
+        self.process: subprocess.Popen[bytes] | None = None
+        self.log_path = workdir / "delta_writer.log"
+
+    def start(self) -> DeltaWriter:
+        self.folder.mkdir(parents=True, exist_ok=True)
+        ready = self.folder / "ready"
+        env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+        with open(self.log_path, "wb") as log:
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", "bench._soak_delta_writer", "--target", str(self.target),
+                 "--commands", str(self.folder), "--ready", str(ready)],
+                stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env)
+        atexit.register(self.kill)
+        deadline = time.monotonic() + WRITER_READY_TIMEOUT_S
+        while not ready.exists():
+            if self.process.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"the Delta writer did not start: {self.log_tail()}")
+            time.sleep(0.2)
+        return self
+
+    def send(self, kind: str, index: int) -> int:
+        """Queue a command; returns its number (the writer runs them in order)."""
+        number = self.sent
+        partial = self.folder / f"{number:05d}.partial"
+        partial.write_text(json.dumps({"kind": kind, "index": index}))
+        partial.replace(self.folder / f"{number:05d}.json")
+        self.sent += 1
+        return number
+
+    def outcomes(self) -> list[dict[str, Any]]:
+        return [json.loads((self.folder / f"{n:05d}.done.json").read_text()) for n in range(self.sent)
+                if (self.folder / f"{n:05d}.done.json").exists()]
+
+    def finish(self) -> list[dict[str, Any]]:
+        """Wait for every command's outcome, then stop the writer."""
+        deadline = time.monotonic() + WRITER_FINISH_TIMEOUT_S
+        assert self.process is not None
+        while len(self.outcomes()) < self.sent and self.process.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.2)
+        (self.folder / "stop").touch()
+        try:
+            self.process.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            self.kill()
+        return self.outcomes()
+
+    def kill(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.process.pid, 9)
+            self.process.wait()
+
+    def log_tail(self) -> str:
+        return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-20:]) if self.log_path.exists() else ""
+
+
+# ------------------------------------------------------------------ firing them
+
+
+@dataclass
+class Armed:
+    plan: FaultPlan
+    fire_at: float
+
+
+@dataclass
+class Faults:
+    """Fires the planned faults while a life runs (:meth:`poll`, from the soak's life loop) and
+    ends what a life's end must end (:meth:`end_of_life`)."""
+
+    plan: list[FaultPlan]
+    delay_scale_s: Callable[[], float]
+    broker: ApacheKafka | None = None
+    writer: DeltaWriter | None = None
+    disk: LocalDisk | None = None
+    target: Path | None = None
+    pending: list[FaultPlan] = field(default_factory=list)
+    armed: list[Armed] = field(default_factory=list)
+    records: list[dict[str, Any]] = field(default_factory=list)
+    _broker_thread: threading.Thread | None = None
+    _disk_until: float | None = None
+    _disk_record: dict[str, Any] | None = None
+
+    def __post_init__(self) -> None:
+        self.pending = list(self.plan)
+
+    def poll(self, life: int, latest_batch: int | None) -> list[dict[str, Any]]:
+        """Arm the faults whose batch has started in this life, fire the armed ones that are
+        due; returns the records of the faults fired now."""
+        now = time.monotonic()
+        fired = []
+        if latest_batch is not None:
+            for plan in [p for p in self.pending if p.batch <= latest_batch]:
+                self.pending.remove(plan)
+                self.armed.append(Armed(plan, now + plan.delay_fraction * self.delay_scale_s()))
+        for armed in sorted(self.armed, key=lambda a: a.fire_at):
+            if now >= armed.fire_at and self._can_fire(armed.plan.kind):
+                self.armed.remove(armed)
+                record = self._fire(armed.plan, life, latest_batch)
+                self.records.append(record)
+                fired.append(record)
+        if self._disk_until is not None and now >= self._disk_until:
+            self._release_disk()
+        return fired
+
+    def _can_fire(self, kind: str) -> bool:
+        if kind == "broker_restart":
+            return self._broker_thread is None or not self._broker_thread.is_alive()
+        if kind == "disk_full":
+            return self._disk_until is None
+        # Delta's commands need the table, which the job's first MERGE creates.
+        return self.target is not None and (self.target / "_delta_log").exists()
+
+    def _fire(self, plan: FaultPlan, life: int, batch: int | None) -> dict[str, Any]:
+        record: dict[str, Any] = {**asdict(plan), "life": life, "batchWhenFired": batch, "t": time.time()}
+        if plan.kind == "broker_restart":
+            assert self.broker is not None
+            down_s = 1.0 + plan.hold_fraction * self.delay_scale_s()
+            record["downForS"] = round(down_s, 2)
+            self._broker_thread = threading.Thread(target=self._restart_broker, args=(down_s, record),
+                                                   name="soak-broker-restart", daemon=True)
+            self._broker_thread.start()
+        elif plan.kind == "disk_full":
+            assert self.disk is not None
+            record["usedBeforeBytes"] = self.disk.used_bytes()
+            record["ballastBytes"] = self.disk.fill()
+            hold_s = 1.0 + plan.hold_fraction * 2 * self.delay_scale_s()
+            record["heldForAtMostS"] = round(hold_s, 2)
+            self._disk_until = time.monotonic() + hold_s
+            self._disk_record = record
+        else:
+            assert self.writer is not None
+            record["command"] = self.writer.send(plan.kind.removeprefix("delta_"), plan.index)
+        return record
+
+    def _restart_broker(self, down_s: float, record: dict[str, Any]) -> None:
+        assert self.broker is not None
+        self.broker.kill()
+        time.sleep(down_s)  # the outage itself: the broker stays dead this long
+        started = time.monotonic()
+        try:
+            self.broker.restart()
+            record["restartS"] = round(time.monotonic() - started, 2)
+        except Exception as exc:  # the soak fails its verdict on a broker that never came back
+            record["restartError"] = f"{type(exc).__name__}: {exc}"[:2000]
+
+    def _release_disk(self) -> None:
+        assert self.disk is not None
+        self.disk.release()
+        if self._disk_record is not None:
+            self._disk_record["releasedAfterS"] = round(time.time() - self._disk_record["t"], 2)
+        self._disk_until, self._disk_record = None, None
+
+    def end_of_life(self) -> None:
+        """The life's processes are gone: the disk is emptied (ballast and the dead life's
+        folders), the broker is back up before the next life starts, and the faults armed but
+        not fired wait for the next life's batches again."""
+        if self._disk_until is not None:
+            self._release_disk()
+        if self.disk is not None:
+            self.disk.clear()
+        if self._broker_thread is not None:
+            self._broker_thread.join()
+        self.pending = sorted([*self.pending, *(a.plan for a in self.armed)], key=lambda p: p.index)
+        self.armed = []
+
+    def not_delivered(self) -> list[str]:
+        return [f"{p.kind}@{p.batch}" for p in self.pending + [a.plan for a in self.armed]]
