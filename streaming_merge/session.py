@@ -37,6 +37,7 @@ LOCAL_RELATION_MAX_BYTES = 1 << 20
 LOG4J2_CONFIGURATION = "log4j2.configurationFile"
 _ADDRESS_SETTINGS = ("spark.driver.host", "spark.driver.bindAddress")
 LOCAL_FILE_SYSTEM_SETTING = "spark.hadoop.fs.file.impl"
+S3A_UPLOAD_BUFFER_SETTING = "spark.hadoop.fs.s3a.fast.upload.buffer"
 RAW_LOCAL_FILE_SYSTEM = "org.apache.hadoop.fs.RawLocalFileSystem"
 CHECKPOINT_MANAGER_SETTING = "spark.sql.streaming.checkpointFileManagerClass"
 FILE_SYSTEM_CHECKPOINT_MANAGER = \
@@ -145,9 +146,12 @@ def local_session(
     quiet_log = QUIET_LOG_DEFAULT not in keep
     conf, archive_build = _session_conf(master, code_conf, short_run=short_run, class_archive=class_archive,
                                         starts_jvm=starts_jvm(), late_c2=late_c2, quiet_log=quiet_log)
-    defaults = _local_defaults(ui=ui, shuffle_partitions=shuffle_partitions, keep=keep)
+    defaults = {**_local_defaults(ui=ui, shuffle_partitions=shuffle_partitions, keep=keep), **conf}
+    # The caller's own settings are in ``conf``; the file's and PYSPARK_SUBMIT_ARGS' beat ours
+    # (the driver's Java options of the file are in ``conf`` already, ours appended to them).
+    settings = {k: v for k, v in defaults.items() if k in code_conf or k == DRIVER_JAVA_OPTIONS or k not in given}
     builder = SparkSession.builder.appName(app_name).master(master)
-    for key, value in {**{k: v for k, v in defaults.items() if k not in given}, **conf}.items():
+    for key, value in settings.items():
         builder = builder.config(key, value)
     try:
         spark = builder.getOrCreate()
@@ -318,12 +322,18 @@ def _local_files_conf(master: str) -> dict[str, str]:
       asking the rename to refuse, which differs only for two writers of one checkpoint, and
       Spark already stops a second run of a query on the same checkpoint.
 
+    S3A buffers the blocks it uploads in local files through Hadoop's checksummed
+    ``LocalFileSystem`` and refuses the raw one (``ClassCastException``), so its uploads are
+    buffered in memory instead (``fs.s3a.fast.upload.buffer=bytebuffer``: off-heap blocks of
+    ``fs.s3a.multipart.size``, at most ``fs.s3a.fast.upload.active.blocks`` a stream).
+
     Cluster masters keep Spark's defaults: their data and checkpoints live on HDFS or object
     stores, and their executors may have the native library."""
     if not _is_local(master):
         return {}
     return {LOCAL_FILE_SYSTEM_SETTING: RAW_LOCAL_FILE_SYSTEM,
-            CHECKPOINT_MANAGER_SETTING: FILE_SYSTEM_CHECKPOINT_MANAGER}
+            CHECKPOINT_MANAGER_SETTING: FILE_SYSTEM_CHECKPOINT_MANAGER,
+            S3A_UPLOAD_BUFFER_SETTING: "bytebuffer"}
 
 
 def _short_run_conf(master: str, conf: dict[str, str]) -> dict[str, str]:

@@ -22,7 +22,8 @@ def test_local_masters_use_the_raw_local_file_system_and_file_system_checkpoint_
         assert session._local_files_conf(master) == {
             "spark.hadoop.fs.file.impl": "org.apache.hadoop.fs.RawLocalFileSystem",
             "spark.sql.streaming.checkpointFileManagerClass":
-                "org.apache.spark.sql.execution.streaming.checkpointing.FileSystemBasedCheckpointFileManager"}
+                "org.apache.spark.sql.execution.streaming.checkpointing.FileSystemBasedCheckpointFileManager",
+            "spark.hadoop.fs.s3a.fast.upload.buffer": "bytebuffer"}
 
 
 def test_cluster_masters_keep_sparks_file_settings() -> None:
@@ -140,16 +141,17 @@ def test_a_local_job_session_keeps_the_settings_of_spark_defaults_conf(tmp_path:
     """A job's own local session, as a user's run with a ``spark-defaults.conf`` of theirs:
     its settings survive our defaults; a kept default is Spark's; the caller's settings win."""
     (tmp_path / "spark-defaults.conf").write_text("spark.sql.shuffle.partitions 7\n"
-                                                  "spark.sql.session.timeZone Europe/Paris\n")
+                                                  "spark.sql.session.timeZone Europe/Paris\n"
+                                                  "spark.hadoop.fs.s3a.fast.upload.buffer disk\n")
     probe = ("from streaming_merge.session import job_session; "
              "s = job_session('defaults', 'local[1]', keep_spark_defaults=['ui'], "
              "extra_conf={'spark.sql.adaptive.enabled': 'false'}); "
              "print(*(s.conf.get(k) for k in ('spark.sql.shuffle.partitions', 'spark.sql.session.timeZone', "
              "'spark.sql.adaptive.enabled', 'spark.sql.execution.arrow.localRelationThreshold')), "
-             "s.sparkContext.uiWebUrl is not None)")
+             "s.sparkContext.uiWebUrl is not None, s._jsc.hadoopConfiguration().get('fs.s3a.fast.upload.buffer'))")
     env = {**os.environ, "SPARK_CONF_DIR": str(tmp_path)}
     result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True, env=env,
                             timeout=300)
-    assert result.stdout.splitlines() == ["7 Europe/Paris false 1048576 True"], result.stderr
+    assert result.stdout.splitlines() == ["7 Europe/Paris false 1048576 True disk"], result.stderr
     assert "[cds]" not in result.stderr, "no class archive with a configuration folder on the class path"
 
