@@ -37,7 +37,7 @@ from streaming_merge.table.location import TableRef
 from streaming_merge.table.protocol import Protocol
 from streaming_merge.table.schema import spark_to_delta_json
 from streaming_merge.table.snapshot import DataFile, Snapshot, advance, load_snapshot, open_table
-from streaming_merge.table.store import put_if_absent, table_store
+from streaming_merge.table.store import get_bytes, put_if_absent, table_store
 from streaming_merge.table.write import WrittenFile, delete_written, partition_value_string
 
 log = logging.getLogger(__name__)
@@ -115,12 +115,26 @@ def commit(request: CommitRequest) -> int:
             request.concurrent_check(checked)
         version = checked.version + 1
         body = _commit_file(request, checked, commit_id)
+        path = f"_delta_log/{version:020d}.json"
         try:
-            created = put_if_absent(store, f"_delta_log/{version:020d}.json", body)
+            created = put_if_absent(store, path, body)
         except Exception as exc:
+            # The put may have landed with its answer lost (a reset or timeout after the store
+            # wrote it): then the commit is ours, and the caller must not clean up its files.
+            if _is_own_commit(store, path, commit_id):
+                log.warning("The commit of %s to %s at version %d landed although its put failed (%s)",
+                            request.operation, snapshot.table_path, version, exc)
+                _checkpoint_if_due(checked, version)
+                return version
             raise DeltaTableError(
                 f"Committing {request.operation} to `{snapshot.table_path}` failed: {exc}"
             ) from exc
+        # "Already exists" can be our own put: the client retried a request whose answer was
+        # lost, and the store refused the retry because the first attempt had written it.
+        if not created and _is_own_commit(store, path, commit_id):
+            log.warning("The commit of %s to %s at version %d landed on a retried put", request.operation,
+                        snapshot.table_path, version)
+            created = True
         if not created:
             log.info("A commit to %s won version %d; checking it and retrying", snapshot.table_path, version)
             continue
@@ -130,6 +144,17 @@ def commit(request: CommitRequest) -> int:
         f"{_MAX_COMMIT_RACES} concurrent commits to `{snapshot.table_path}` won the race against this "
         f"{request.operation} (read version {snapshot.version}); nothing was committed, rerun it."
     )
+
+
+def _is_own_commit(store: Any, path: str, commit_id: str) -> bool:
+    """Whether the commit file at ``path`` is the one with ``commit_id`` (its commitInfo, the
+    first line); False when it is absent or unreadable."""
+    try:
+        first_line = get_bytes(store, path).split(b"\n", 1)[0]
+        info = json.loads(first_line).get("commitInfo") or {}
+    except Exception:
+        return False
+    return bool(info.get(COMMIT_ID_KEY) == commit_id)
 
 
 def _commit_file(request: CommitRequest, latest: Snapshot, commit_id: str) -> bytes:

@@ -28,11 +28,14 @@ READY = {"ok": "ready"}
 
 def main() -> None:
     parser = argparse.ArgumentParser(description="the object-storage tier's worker")
-    parser.add_argument("--endpoint", required=True)
-    parser.add_argument("--bucket", required=True)
+    parser.add_argument("--bucket", action="append", required=True, metavar="NAME=ENDPOINT",
+                        help="a bucket and the endpoint S3A reaches it at (repeatable: one per bucket)")
     args = parser.parse_args()
+    buckets = {}
+    for name, endpoint in (given.split("=", 1) for given in args.bucket):
+        buckets.update(s3a_conf(name, endpoint))
     spark = local_session("streaming_merge-s3-tier", "local[2]", shuffle_partitions=2,
-                          extra_conf={**package_conf(("delta", "s3a")), **s3a_conf(args.bucket, args.endpoint),
+                          extra_conf={**package_conf(("delta", "s3a")), **buckets,
                                       "spark.databricks.delta.snapshotPartitions": "2"})
     answer(READY)
     for line in sys.stdin:

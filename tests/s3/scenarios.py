@@ -117,8 +117,18 @@ def vacuum_and_checkpoint(spark: SparkSession, uri: str) -> dict[str, Any]:
     return {**read_both(spark, uri), "deleted": deleted, "progress": _progress(sink)}
 
 
+def upserts(spark: SparkSession, uri: str, batches: int = 2) -> dict[str, Any]:
+    """``batches`` upsert batches through one MergeSink (keys 1-5, then 3-7, ...)."""
+    sink = MergeSink(uri, keys=["id"], app_id="tier-upserts")
+    for batch_id in range(batches):
+        rows = [(i, f"b{batch_id}") for i in range(1 + 2 * batch_id, 6 + 2 * batch_id)]
+        sink(spark.createDataFrame(rows, ROW_SCHEMA).coalesce(1), batch_id)
+    return {**read_both(spark, uri), "progress": _progress(sink)}
+
+
 SCENARIOS: dict[str, Callable[..., dict[str, Any]]] = {
     "sink_batches": sink_batches,
     "concurrent_writers": concurrent_writers,
     "vacuum_and_checkpoint": vacuum_and_checkpoint,
+    "upserts": upserts,
 }

@@ -11,43 +11,11 @@ from typing import Any
 import obstore
 import pytest
 from deltalake import DeltaTable as RsTable
-from obstore.store import S3Store
 
-from devtools.s3_server import ACCESS_KEY, REGION, SECRET_KEY
-from tests.s3.conftest import BUCKET
+from tests.s3.tables import commits, rs_rows, table_objects, txns
 from tests.s3.worker import S3Worker
 
 pytestmark = [pytest.mark.s3, pytest.mark.slow]
-
-
-def rs_rows(uri: str, options: dict[str, str]) -> list[list[Any]]:
-    """The table's (id, v) rows as delta-rs reads them (``s3://``: its own spelling)."""
-    table = RsTable(uri.replace("s3a://", "s3://", 1), storage_options=options).to_pyarrow_table(columns=["id", "v"])
-    return sorted([row["id"], row["v"]] for row in table.to_pylist())
-
-
-def table_objects(uri: str, endpoint: str) -> tuple[S3Store, list[str]]:
-    """An obstore store on the table's folder and every key under it (relative to the table)."""
-    prefix = uri.removeprefix(f"s3a://{BUCKET}/")
-    store = S3Store(BUCKET, prefix=prefix, endpoint=endpoint, access_key_id=ACCESS_KEY, secret_access_key=SECRET_KEY,
-                    region=REGION, virtual_hosted_style_request=False, client_options={"allow_http": True})
-    keys = sorted(str(meta["path"]) for batch in obstore.list(store) for meta in batch)
-    return store, keys
-
-
-def commits(store: S3Store, keys: list[str]) -> dict[int, list[dict[str, Any]]]:
-    """Each commit file's actions, by version."""
-    found = {}
-    for key in keys:
-        name = key.removeprefix("_delta_log/")
-        if key.startswith("_delta_log/") and name.endswith(".json") and name[:-5].isdigit():
-            text = bytes(obstore.get(store, key).bytes()).decode()
-            found[int(name[:-5])] = [json.loads(line) for line in text.splitlines() if line.strip()]
-    return found
-
-
-def txns(actions: list[dict[str, Any]]) -> list[tuple[str, int]]:
-    return [(a["txn"]["appId"], a["txn"]["version"]) for a in actions if "txn" in a]
 
 
 def test_sink_batches_into_an_s3a_table(s3_worker: S3Worker, s3_table: str, s3_options: dict[str, str],

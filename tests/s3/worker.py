@@ -25,11 +25,13 @@ SCENARIO_TIMEOUT_S = 600.0
 class S3Worker:
     """The worker process and the answers it printed."""
 
-    def __init__(self, endpoint: str, bucket: str, workdir: Path) -> None:
+    def __init__(self, buckets: dict[str, str], workdir: Path) -> None:
+        """``buckets``: each bucket and the endpoint the worker's S3A reaches it at."""
         self._stderr = workdir / "s3-worker.stderr"
+        bucket_args = [arg for name, endpoint in buckets.items() for arg in ("--bucket", f"{name}={endpoint}")]
         with self._stderr.open("wb") as stderr:
             self._process = subprocess.Popen(
-                [sys.executable, "-m", "tests.s3.s3_app", "--endpoint", endpoint, "--bucket", bucket],
+                [sys.executable, "-m", "tests.s3.s3_app", *bucket_args],
                 cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=stderr, start_new_session=True)
         self._answers: queue.Queue[dict[str, Any] | None] = queue.Queue()
         assert self._process.stdout is not None
