@@ -131,7 +131,7 @@ def _handler_for(host: str, port: int, faults: _Faults) -> type[BaseHTTPRequestH
 
         def _body(self) -> bytes:
             if self.headers.get("Transfer-Encoding", "").lower() == "chunked":
-                chunks = []
+                chunks: list[bytes] = []
                 while True:
                     size = int(self.rfile.readline().split(b";", 1)[0].strip() or b"0", 16)
                     if size == 0:
