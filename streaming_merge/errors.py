@@ -53,6 +53,13 @@ class ConcurrentModificationError(DeltaTableError):
     rerunning the operation is safe."""
 
 
+class CommitOutcomeUnknownError(DeltaTableError):
+    """Raised when a commit's put failed in a way that leaves open whether it landed (a
+    timeout, a reset) and the log could not tell. The operation's data files are kept: a landed
+    commit references them, and if none did they are orphans for vacuum. A rerun is safe: a
+    streaming batch whose commit landed is skipped as already applied (its ``txn``)."""
+
+
 class MergeError(StreamingMergeError):
     """Raised when a MERGE cannot be planned or executed."""
 

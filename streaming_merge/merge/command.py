@@ -20,7 +20,7 @@ from typing import Any
 from pyroaring import BitMap64
 from pyspark.sql import Column, DataFrame, SparkSession
 
-from streaming_merge.errors import MaterializedSourceLostError, MergeAssignmentOverflowError
+from streaming_merge.errors import CommitOutcomeUnknownError, MaterializedSourceLostError, MergeAssignmentOverflowError
 from streaming_merge.merge.change_data import records_change_data
 from streaming_merge.merge.clauses import ClauseSet, MergeClause, expr_text
 from streaming_merge.merge.dv_rewrite import write_changes_with_deletion_vectors
@@ -479,6 +479,8 @@ def _commit_merge(spark: SparkSession, request: MergeRequest, snapshot: Snapshot
                 data_change=not unchanged,
                 concurrent_check=options.commit_check,
             ), vectors)
+    except CommitOutcomeUnknownError:
+        raise  # a landed commit may reference the files: they stay
     except BaseException:
         delete_written(spark, snapshot.location, written)  # also when before_commit or add_columns failed
         raise

@@ -31,6 +31,7 @@ from collections.abc import Iterator, Sequence
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
+from streaming_merge.errors import CommitOutcomeUnknownError
 from streaming_merge.optimize.binpack import Bin, plan_bins, plan_purge_bins
 from streaming_merge.optimize.metrics import FileSizeMetrics, OptimizeMetrics
 from streaming_merge.optimize.options import OptimizeOptions
@@ -120,6 +121,8 @@ def _rewrite(spark: SparkSession, snapshot: Snapshot, bins: Sequence[Bin], consi
                 read_files=removed,
                 data_change=False,
             ))
+    except CommitOutcomeUnknownError:
+        raise  # a landed commit may reference the files: they stay
     except BaseException:
         delete_written(spark, snapshot.location, written)
         raise

@@ -30,14 +30,14 @@ from pyroaring import BitMap64
 from pyspark.sql import SparkSession
 from pyspark.sql.types import StructType
 
-from streaming_merge.errors import ConcurrentModificationError, DeltaTableError
+from streaming_merge.errors import CommitOutcomeUnknownError, ConcurrentModificationError, DeltaTableError
 from streaming_merge.table.deletion_vectors import DeletionVector, delete_dv_file, write_deletion_vectors
 from streaming_merge.table.dv_positions import remember
 from streaming_merge.table.location import TableRef
 from streaming_merge.table.protocol import Protocol
 from streaming_merge.table.schema import spark_to_delta_json
 from streaming_merge.table.snapshot import DataFile, Snapshot, advance, load_snapshot, open_table
-from streaming_merge.table.store import get_bytes, put_if_absent, table_store
+from streaming_merge.table.store import NOT_FOUND, get_bytes, put_if_absent, table_store
 from streaming_merge.table.write import WrittenFile, delete_written, partition_value_string
 
 log = logging.getLogger(__name__)
@@ -120,18 +120,24 @@ def commit(request: CommitRequest) -> int:
             created = put_if_absent(store, path, body)
         except Exception as exc:
             # The put may have landed with its answer lost (a reset or timeout after the store
-            # wrote it): then the commit is ours, and the caller must not clean up its files.
-            if _is_own_commit(store, path, commit_id):
+            # wrote it), or land later: only another writer's commit there says it did not.
+            landed = _commit_at(store, path, commit_id)
+            if landed == "ours":
                 log.warning("The commit of %s to %s at version %d landed although its put failed (%s)",
                             request.operation, snapshot.table_path, version, exc)
                 _checkpoint_if_due(checked, version)
                 return version
-            raise DeltaTableError(
-                f"Committing {request.operation} to `{snapshot.table_path}` failed: {exc}"
+            if landed == "theirs":
+                raise DeltaTableError(
+                    f"Committing {request.operation} to `{snapshot.table_path}` failed: {exc}") from exc
+            raise CommitOutcomeUnknownError(
+                f"Committing {request.operation} to `{snapshot.table_path}` at version {version} failed ({exc}) and "
+                "the log cannot tell whether the commit landed; its data files are kept (vacuum removes them if it "
+                "did not). Rerun the operation: a streaming batch that did commit is skipped as already applied."
             ) from exc
         # "Already exists" can be our own put: the client retried a request whose answer was
         # lost, and the store refused the retry because the first attempt had written it.
-        if not created and _is_own_commit(store, path, commit_id):
+        if not created and _commit_at(store, path, commit_id) == "ours":
             log.warning("The commit of %s to %s at version %d landed on a retried put", request.operation,
                         snapshot.table_path, version)
             created = True
@@ -146,15 +152,20 @@ def commit(request: CommitRequest) -> int:
     )
 
 
-def _is_own_commit(store: Any, path: str, commit_id: str) -> bool:
-    """Whether the commit file at ``path`` is the one with ``commit_id`` (its commitInfo, the
-    first line); False when it is absent or unreadable."""
+def _commit_at(store: Any, path: str, commit_id: str) -> str:
+    """Whose commit file is at ``path``: ``ours`` (its commitInfo, the first line, holds
+    ``commit_id``), ``theirs``, ``absent``, or ``unknown`` (it could not be read)."""
     try:
         first_line = get_bytes(store, path).split(b"\n", 1)[0]
-        info = json.loads(first_line).get("commitInfo") or {}
+    except NOT_FOUND:
+        return "absent"
     except Exception:
-        return False
-    return bool(info.get(COMMIT_ID_KEY) == commit_id)
+        return "unknown"
+    try:
+        info = json.loads(first_line).get("commitInfo") or {}
+    except ValueError:
+        return "theirs"  # a file is there, and not the one we wrote
+    return "ours" if info.get(COMMIT_ID_KEY) == commit_id else "theirs"
 
 
 def _commit_file(request: CommitRequest, latest: Snapshot, commit_id: str) -> bytes:
@@ -233,6 +244,8 @@ def commit_with_deletion_vectors(spark: SparkSession, request: CommitRequest,
             request = replace(request, deletion_vectors=[
                 (f, d) for (f, _), d in zip(vectors, stored.descriptors, strict=True)])
         version = commit(request)
+    except CommitOutcomeUnknownError:
+        raise  # a landed commit may reference the files: they stay
     except BaseException:
         delete_written(spark, location, list(request.adds))
         if vector_file is not None:

@@ -13,6 +13,7 @@ import pytest
 from deltalake import DeltaTable as RsTable
 from deltalake import write_deltalake
 
+from streaming_merge.errors import CommitOutcomeUnknownError, DeltaTableError
 from streaming_merge.table import commit as commit_module
 from streaming_merge.table.commit import CommitRequest, commit
 from streaming_merge.table.snapshot import load_snapshot
@@ -57,3 +58,35 @@ def test_a_version_another_writer_won_is_still_a_race(tmp_path: Path, monkeypatc
     version = commit(CommitRequest(snapshot=snapshot, adds=[], removes=[], operation="WRITE"))
 
     assert version == 2
+
+
+def test_a_failed_put_the_log_cannot_settle_keeps_the_files_and_says_so(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Nothing at the version after a timed-out put: it may still land, so the outcome is
+    unknown, and the MERGE's cleanup must keep the data files a landed commit would name."""
+    write_deltalake(str(tmp_path), pa.table({"id": [1, 2]}))
+
+    def times_out(store: Any, path: str, data: bytes) -> bool:
+        raise TimeoutError("the request timed out")
+
+    monkeypatch.setattr(commit_module, "put_if_absent", times_out)
+    with pytest.raises(CommitOutcomeUnknownError, match=r"at version 1 failed \(the request timed out\) and the "
+                                                        r"log cannot tell whether the commit landed"):
+        commit(CommitRequest(snapshot=load_snapshot(str(tmp_path)), adds=[], removes=[], operation="WRITE"))
+    assert issubclass(CommitOutcomeUnknownError, DeltaTableError)
+    assert RsTable(str(tmp_path)).version() == 0
+
+
+def test_a_failed_put_where_another_writer_committed_is_a_plain_failure(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    write_deltalake(str(tmp_path), pa.table({"id": [1, 2]}))
+    snapshot = load_snapshot(str(tmp_path))
+
+    def loses_to_another_writer(store: Any, path: str, data: bytes) -> bool:
+        write_deltalake(str(tmp_path), pa.table({"id": [3]}), mode="append")  # it takes version 1
+        raise ConnectionResetError("connection reset by peer")
+
+    monkeypatch.setattr(commit_module, "put_if_absent", loses_to_another_writer)
+    with pytest.raises(DeltaTableError, match="connection reset by peer") as raised:
+        commit(CommitRequest(snapshot=snapshot, adds=[], removes=[], operation="WRITE"))
+    assert not isinstance(raised.value, CommitOutcomeUnknownError)
