@@ -5,10 +5,10 @@ instead waits for its batch function to return (the MERGE committed; Spark then 
 batch's offsets) and then stops the query. A batch that starts once the stop is asked for
 raises at once, having read and written nothing. Past ``timeout_s`` the running batch is
 abandoned: it raises at its next step before its commit (the sink's phase hook), and the query
-is stopped, which cancels its Spark jobs. An abandoned batch leaves no commit (its data files,
-if any, are unreferenced, for vacuum). The job then exits 0, and its restart is exact: a batch
-whose offsets Spark did not write runs again, and if its MERGE had committed it is skipped as
-already applied (Delta ``txn``).
+is stopped, which cancels its Spark jobs; a second signal abandons it at once. An abandoned
+batch leaves no commit (its data files, if any, are unreferenced, for vacuum). The job then
+exits 0, and its restart is exact: a batch whose offsets Spark did not write runs again, and
+if its MERGE had committed it is skipped as already applied (Delta ``txn``).
 """
 
 from __future__ import annotations
@@ -61,7 +61,12 @@ class GracefulStop:
         self.request(f"signal {signal.Signals(signum).name}")
 
     def request(self, reason: str) -> None:
-        if self.requested.is_set():
+        if self.requested.is_set():  # a second signal: the running batch is not waited for
+            if not self.abandoned.is_set():
+                log.warning("%s again: abandoning the running batch now", reason)
+                with self._state:
+                    self.abandoned.set()
+                    self._state.notify_all()
             return
         self.requested.set()
         log.info("%s: stopping after the running batch (at most %.0f s)", reason, self.timeout_s)
@@ -91,20 +96,21 @@ class GracefulStop:
     def phase_hook(self, phase: str, _: Any = None) -> None:
         """The sink's phase hook: an abandoned batch raises before it commits."""
         if phase in ABANDON_AT and self.abandoned.is_set():
-            raise BatchAbandonedError(f"the job is stopping and its stop timeout ({self.timeout_s:.0f} s) passed: "
-                                      f"the batch is abandoned at {phase}, before its commit")
+            raise BatchAbandonedError(f"the job is stopping (past its {self.timeout_s:.0f} s stop timeout, or told "
+                                      f"twice): the batch is abandoned at {phase}, before its commit")
 
     def _stop(self) -> None:
         deadline = time.monotonic() + self.timeout_s
         with self._state:
-            self._state.wait_for(lambda: self._query is not None and self._running == 0,
+            self._state.wait_for(lambda: self._query is not None and (self._running == 0 or self.abandoned.is_set()),
                                  max(0.0, deadline - time.monotonic()))
             query, finished = self._query, self._running == 0
         if not finished:
-            log.warning("The running batch did not finish within %.0f s: abandoning it before its commit",
-                        self.timeout_s)
-            self.abandoned.set()
-        elif query is not None:
+            if not self.abandoned.is_set():
+                log.warning("The running batch did not finish within %.0f s: abandoning it before its commit",
+                            self.timeout_s)
+                self.abandoned.set()
+        elif query is not None and not self.abandoned.is_set():
             self._await_offsets_committed(query, deadline)
         if query is not None:
             query.stop()
