@@ -100,7 +100,8 @@ def run_retrying(spark: SparkSession, target: str, kind: str, index: int) -> dic
             metrics = run_command(spark, target, kind, index)
             version = DeltaLakeTable.forPath(spark, target).history(1).collect()[0]["version"]
             return {"kind": kind, "index": index, "applied": True, "conflicts": conflicts, "metrics": metrics,
-                    "versionAfter": int(version), "seconds": round(time.monotonic() - started, 2), "t": time.time()}
+                    "tableVersionAfter": int(version), "seconds": round(time.monotonic() - started, 2),
+                    "t": time.time()}
         except DELTA_CONFLICTS as exc:
             conflicts.append(type(exc).__name__)
             log.warning("Delta %s %d conflicted (%s); rerunning", kind, index, type(exc).__name__)

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import errno
 import json
 import os
 import random
@@ -40,6 +41,7 @@ DISRUPTIVE_KINDS = ("broker_restart", "disk_full")
 WRITER_READY_TIMEOUT_S = 300.0  # a guard: the writer's JVM with Delta's jar, on a loaded machine
 WRITER_FINISH_TIMEOUT_S = 600.0
 BALLAST = "ballast"
+MIN_BALLAST_STEP = 4096  # a tmpfs page
 
 
 @dataclass
@@ -85,13 +87,19 @@ class LocalDisk:
         return self
 
     def fill(self) -> int:
-        """A ballast file takes every free byte; returns its size."""
-        stat = os.statvfs(self.path)
-        free = stat.f_bavail * stat.f_frsize
+        """A ballast file takes every free byte; returns its size. Grown in halving steps to
+        ENOSPC: the job writes meanwhile, so no size measured before would be exact."""
+        size, step = 0, 1 << 20
         with open(self.ballast, "wb") as handle:
-            if free:
-                os.posix_fallocate(handle.fileno(), 0, free)
-        return free
+            while step >= MIN_BALLAST_STEP:
+                try:
+                    os.posix_fallocate(handle.fileno(), size, step)
+                    size += step
+                except OSError as exc:
+                    if exc.errno != errno.ENOSPC:
+                        raise
+                    step //= 2
+        return size
 
     def release(self) -> None:
         with contextlib.suppress(FileNotFoundError):

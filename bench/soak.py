@@ -731,8 +731,8 @@ def fault_detail(fault: dict[str, Any], writer_outcomes: list[dict[str, Any]]) -
         return "Delta writer: no outcome"
     if not outcome.get("applied"):
         return f"Delta writer FAILED: {outcome.get('error')}"
-    return (f"Delta {outcome['kind']} committed version {outcome['versionAfter']} in {outcome['seconds']}s "
-            f"after {len(outcome['conflicts'])} conflicts {outcome['metrics']}")
+    return (f"Delta {outcome['kind']} committed (table then at version {outcome['tableVersionAfter']}) in "
+            f"{outcome['seconds']}s after {len(outcome['conflicts'])} conflicts {outcome['metrics']}")
 
 
 def print_report(result: dict[str, Any]) -> None:
