@@ -3,6 +3,7 @@
     python -m bench.soak                                  # defaults: local-cluster, 20 kills, 3 executor kills
     python -m bench.soak --master 'local[2]' --executor-kills 0 --kills 10 --events 3000
     python -m bench.soak --json bench/results/soak.json --seed 7
+    python -m bench.soak --faults all --master 'local[2]' --executor-kills 0   # + broker, Delta writer, disk
 
 What it does: starts the embedded Kafka-compatible broker (as jobs/kafka_cdc_demo.py does),
 produces a generated Debezium change stream of the ``orders`` table (jobs/cdc_generator.py:
@@ -27,6 +28,20 @@ Plus ``--executor-kills`` SIGKILLs of one executor JVM in the middle of a batch 
 read, after the sink materialized the batch, between the MERGE's scan and rewrite), which the job must
 survive (the batch finishes in the same life).
 
+The faults of a real deployment (bench/_soak_faults.py), each at a seeded random batch and
+delay, in the same run (``--faults all``, or a flag per kind):
+
+- ``--broker-restarts``: Apache Kafka (``--broker apache``, devtools/kafka_server.py) SIGKILLed,
+  down for a random while, restarted on the same log directory and port;
+- ``--delta-merges`` / ``--delta-optimizes``: Delta Lake's own MERGE of keys the stream never
+  uses, and OPTIMIZE, on the target from another process (bench/_soak_delta_writer.py); the
+  expected table is the generator's state plus the writer's rows;
+- ``--disk-fills``: the job's ``spark.local.dir`` is a small tmpfs (``--local-dir-mb``; root
+  only), filled by a ballast file for a random while (at most until the life ends).
+
+A life that fails on its own while the broker is down or the disk full is restarted like a
+killed one; any other life that fails on its own fails the verdict.
+
 What it checks, independently of the job's own reports:
 
 - between lives: the target's txn version for the query id (read with delta-rs) and
@@ -37,7 +52,8 @@ What it checks, independently of the job's own reports:
   the state cdc_generator computed: lost (expected keys missing), duplicated (extra rows of a
   key) and wrong (rows that differ, or exist but must not) must all be 0; the dead-letter
   table holds each malformed record exactly once; no (app id, txn version) is committed
-  twice in any table's log; Spark's final offsets are the topic's end offsets.
+  twice in any table's log; Spark's final offsets are the topic's end offsets; every planned
+  fault fired, the broker came back each time and each Delta writer command committed.
 
 Prints the figures and ``VERDICT: PASS`` / ``FAIL``; exit status 0 / 1. ``--json PATH`` writes
 them (with every kill and life) as JSON. Too long for CI: run it by hand (bench/README.md).
