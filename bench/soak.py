@@ -67,6 +67,7 @@ import json
 import math
 import os
 import random
+import re
 import shutil
 import signal
 import statistics
@@ -455,6 +456,26 @@ def final_offsets(checkpoint: Path) -> dict[int, int]:
 # ------------------------------------------------------------------ main
 
 
+# What a life's log shows when it failed of a fault fired during it; a failure without its
+# fault's mark is a life that died on its own (a verdict failure), whatever fired meanwhile.
+FAULT_FAILURE_MARKS = {
+    "disk_full": re.compile(r"No space left on device"),
+    # kafka-python's and the source's errors (not the word "kafka": every traceback names jobs/kafka_cdc_ingest.py).
+    "broker_restart": re.compile(r"kafka\.errors\.|Kafka\w*Error|NoBrokersAvailable|BrokerNotAvailable|"
+                                r"LeaderNotAvailable|NotLeaderFor|Connection refused|KafkaSourceError"),
+}
+
+
+def failed_of_its_fault(life: Life, log_path: Path) -> bool:
+    """True when the life failed while a broker outage or a full disk of this life was on, and
+    its log shows that fault's error."""
+    fired = {f["kind"] for f in life.faults if f["kind"] in DISRUPTIVE_KINDS}
+    if not fired or not log_path.exists():
+        return False
+    text = log_path.read_text(errors="replace")
+    return any(FAULT_FAILURE_MARKS[kind].search(text) for kind in fired)
+
+
 def fault_counts(args: argparse.Namespace) -> dict[str, int]:
     """How many of each fault kind: its own flag, else --faults all's number, else none."""
     flags = {"broker_restart": args.broker_restarts, "delta_merge": args.delta_merges,
@@ -548,8 +569,8 @@ def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
                     life.checks[f"survivedExecutorKill@{record['batchId']}"] = record["batchFinished"]
             previous_txn = life.txn_after if life.txn_after is not None else previous_txn
             previous_commit = life.spark_commit_after if life.spark_commit_after is not None else previous_commit
-            if life.exit_code not in (0, -signal.SIGKILL) and any(f["kind"] in DISRUPTIVE_KINDS for f in life.faults):
-                life.died_under_fault = True
+            if life.exit_code not in (0, -signal.SIGKILL):
+                life.died_under_fault = failed_of_its_fault(life, workdir / f"life-{life.index:02d}.log")
             print(life_line(life), flush=True)
             if life.exit_code == -signal.SIGKILL and life.killed_at is not None:
                 pending.pop(0)
