@@ -9,7 +9,6 @@ checkpoint and so is stable across restarts.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import datetime as dt
 import functools
@@ -25,7 +24,6 @@ from pyspark.sql.types import StructType
 from streaming_merge.delta_table import DeltaTable
 from streaming_merge.errors import (
     ConcurrentModificationError,
-    DeltaTableError,
     InvalidArgumentError,
     MaterializedSourceLostError,
     StreamingMergeError,
@@ -33,7 +31,7 @@ from streaming_merge.errors import (
 from streaming_merge.merge.command import MergeOptions, merge_conf
 from streaming_merge.merge.key_presence import key_presence_probe
 from streaming_merge.merge.materialize import DEFAULT_STORAGE_LEVELS, is_lost_block_error, level_for_attempt, release
-from streaming_merge.merge.metrics import DELTA_METRICS, MergeMetrics
+from streaming_merge.merge.metrics import MergeMetrics
 from streaming_merge.merge.skipping import SourceStats
 from streaming_merge.spark.answers_at_once import ready_driver_thread
 from streaming_merge.spark.interpreted import interpreted_if_small, rows_of
@@ -50,6 +48,17 @@ from streaming_merge.streaming.arguments import (
 )
 from streaming_merge.streaming.background import BackgroundCall
 from streaming_merge.streaming.batch_copy import copy_batch
+from streaming_merge.streaming.batch_steps import (
+    Attempt,
+    CopiedBatch,
+    MergeOutcome,
+    PreparedBatch,
+    TxnCheck,
+    empty_progress,
+    ensure_table,
+    merged_progress,
+    skipped_progress,
+)
 from streaming_merge.streaming.cdc import (
     NULL_KEY_FLAG,
     BatchPreparer,
@@ -60,12 +69,12 @@ from streaming_merge.streaming.cdc import (
 )
 from streaming_merge.streaming.compaction import AutoCompact, run_auto_compaction
 from streaming_merge.streaming.null_keys import refuse_unsequenced, route_null_keys
-from streaming_merge.streaming.progress import MergeProgress, ProgressLog, millis_since, now_text
+from streaming_merge.streaming.progress import MergeProgress, ProgressLog, millis_since
 from streaming_merge.streaming.retries import DEFAULT_CONFLICT_BACKOFF, DEFAULT_MAX_CONFLICT_RETRIES, conflict_backoff
 from streaming_merge.streaming.scd2 import (
     TrackHistory,
 )
-from streaming_merge.streaming.sequence_layout import CDC_METADATA, SequenceLayout, TableColumns
+from streaming_merge.streaming.sequence_layout import CDC_METADATA, TableColumns
 from streaming_merge.streaming.sink_clauses import (
     ClauseBuilder,
     cdc_upsert,
@@ -79,7 +88,7 @@ from streaming_merge.streaming.tombstones import Tombstones
 from streaming_merge.table.follow import FollowedTable
 from streaming_merge.table.location import TableLocation, resolve
 from streaming_merge.table.option_check import checked_storage_options
-from streaming_merge.table.snapshot import Snapshot, file_rows, table_exists
+from streaming_merge.table.snapshot import Snapshot, file_rows
 from streaming_merge.table.write import parquet_write_conf
 
 log = logging.getLogger(__name__)
@@ -300,8 +309,8 @@ class MergeSink:
             level = level_for_attempt(self._storage_levels, lost + 1)
             try:
                 with merge_conf(spark), parquet_write_conf(spark):  # held for both writes (see parquet_write_conf)
-                    self._run_batch(spark, batch_df, batch_id, app_id, attempt, conflicts, level, started,
-                                    rows_at_most)
+                    self._run_batch(Attempt(spark, batch_df, batch_id, app_id, attempt, conflicts, level, started,
+                                            rows_at_most, self._bind(spark)))
                 return
             except Exception as exc:
                 if is_lost_block_error(exc):
@@ -328,25 +337,47 @@ class MergeSink:
                             conflicts, self._max_conflict_retries, pause * 1000, exc)
                 _sleep(pause)
 
-    def _run_batch(self, spark: SparkSession, batch_df: DataFrame, batch_id: int, app_id: str, attempt: int,
-                   conflicts: int, level: str, started: float, rows_at_most: int | None) -> None:
-        """One attempt (``conflicts``: how many reruns after a conflict preceded it): the txn
-        check, one materialization of the prepared batch (counts and key ranges observed in that
-        job), the tombstone filter, the MERGE."""
-        location = self._bind(spark)
+    def _run_batch(self, attempt: Attempt) -> None:
+        """One attempt: txn check → copy → prepare → MERGE → report. The copy is released
+        whatever happens after it; the batch is reported once its MERGE returned."""
+        txn = self._check_txn(attempt)
+        if txn.applied:
+            assert txn.snapshot is not None
+            self._report(skipped_progress(attempt, txn.snapshot))
+            return
+        copied = self._copy(attempt, txn.snapshot)
+        try:
+            if self._phase_hook:
+                self._phase_hook("after_materialize", copied.frame)
+            self._last_input_rows = copied.counts.rows
+            if copied.counts.rows == 0:
+                self._report(empty_progress(attempt, copied))
+                return
+            # The rest of the batch reads the batch, the target and the tombstones: generated code
+            # or not, decided from their row counts (streaming_merge.spark.interpreted).
+            with interpreted_if_small(
+                    attempt.spark, rows_of([copied.counts.rows, *file_rows(copied.snapshot),
+                                            *file_rows(copied.tombstones)]),
+                    self._merge_options.interpreted_max_rows):
+                prepared = self._prepare(attempt, copied)
+                outcome = self._merge(attempt, copied, prepared)
+        finally:
+            release(copied.frame)
+        self._report_merged(attempt, copied, prepared, outcome)
+
+    def _check_txn(self, attempt: Attempt) -> TxnCheck:
+        """The target as this attempt reads it, and whether it already holds txn(app_id, batch_id)."""
         assert self._followed is not None
         snapshot = self._followed.latest()
-        if snapshot is not None:
-            applied = snapshot.transaction_version(app_id)
-            if applied is not None and applied >= batch_id:
-                self._report(MergeProgress(
-                    batchId=batch_id, appId=app_id, tableVersion=snapshot.version, skipped=True,
-                    attempts=attempt - 1, numInputRows=0, numRowsAfterDedupe=0, numNullKeyRows=0,
-                    numLateRowsDropped=0, durationMs={"total": millis_since(started)}, metrics={}, timestamp=now_text(),
-                    target=self.target, conflictRetries=conflicts))
-                return
+        applied = snapshot.transaction_version(attempt.app_id) if snapshot is not None else None
+        return TxnCheck(snapshot, applied is not None and applied >= attempt.batch_id)
+
+    def _copy(self, attempt: Attempt, snapshot: Snapshot | None) -> CopiedBatch:
+        """The batch's one copy (copy_batch): prepared, counted, its key ranges observed, late
+        events dropped in the same job when the tombstones say it pays."""
+        spark = attempt.spark
         tombstone_snapshot = self._tombstones.snapshot() if self._tombstones is not None else None
-        partitions = self._fold_partitions(spark, rows_at_most)
+        partitions = self._fold_partitions(spark, attempt.rows_at_most)
         # Late events are dropped while the batch is materialized when the previous batch's lookup
         # read most tombstones anyway, or, before any lookup saw one, when there are few
         # (Tombstones.is_small); the MERGE then takes that copy as it is (no pass of its own). An
@@ -358,129 +389,116 @@ class MergeSink:
                  (self._filter_while_materializing is None and Tombstones.is_small(everything))):
             early = functools.partial(self._tombstones.without_late, spark, snapshot=tombstone_snapshot,
                                       files=everything, partitions=partitions, partitioned_by_keys=True)
-        materialize_started = time.monotonic()
-        with interpreted_if_small(spark, rows_of([rows_at_most, *(file_rows(tombstone_snapshot) if early else [])]),
+        started = time.monotonic()
+        with interpreted_if_small(spark, rows_of([attempt.rows_at_most,
+                                                  *(file_rows(tombstone_snapshot) if early else [])]),
                                   self._merge_options.interpreted_max_rows):
             # Not while the batches touch every candidate anyway (the streak that also skips
             # findTouchedFiles): the probe would find no file to drop and costs ~30-50 ms.
-            probe = (key_presence_probe(snapshot, [(k, k) for k in self._spec.keys], batch_df.schema,
+            probe = (key_presence_probe(snapshot, [(k, k) for k in self._spec.keys], attempt.batch_df.schema,
                                         self._merge_options.key_presence_max_files)
                      if snapshot is not None and self._spec is not None and self._joins_on_keys
                      and not self._all_touched_streak % PROBE_TOUCHED_EVERY else None)
-            batch, counts, stats, kept_rows = copy_batch(self._spec, self._preparer, self._scd_type, batch_df, level,
-                                                         partitions, early, probe, Tombstones.fit_one_task(everything))
-        recording: BackgroundCall | None = None
-        execution = contextlib.ExitStack()
-        try:
-            materialize_ms = millis_since(materialize_started)
+            frame, counts, stats, kept_rows = copy_batch(
+                self._spec, self._preparer, self._scd_type, attempt.batch_df, attempt.storage_level, partitions,
+                early, probe, Tombstones.fit_one_task(everything))
+        return CopiedBatch(frame, counts, stats, kept_rows, snapshot, tombstone_snapshot, everything, partitions,
+                           millis_since(started))
+
+    def _prepare(self, attempt: Attempt, copied: CopiedBatch) -> PreparedBatch:
+        """The MERGE's source from the copy: NULL keys routed to the dead letter, events older
+        than a tombstone or a truncate dropped (SCD 1) or placed in the history (SCD 2), the
+        column selection applied; the target is created when missing."""
+        spark, counts, stats = attempt.spark, copied.counts, copied.stats
+        source, dead_letter_rows = copied.frame, 0
+        if self._spec is not None:
+            refuse_unsequenced(self._spec, self._scd_type, self.target, attempt.batch_id, counts.sequence_nulls)
+            dead_letter_rows = route_null_keys(spark, self._spec, self._dead_letter, self.target, copied.frame,
+                                               attempt.batch_id, attempt.app_id, counts.null_keys)
+            source = copied.frame.filter(~F.col(NULL_KEY_FLAG)).drop(NULL_KEY_FLAG)
             if self._phase_hook:
-                self._phase_hook("after_materialize", batch)
-            num_input, null_keys, delete_events, truncate_values, oldest_sequence, partial_events, unsequenced = counts
-            self._last_input_rows = num_input
-            if num_input == 0:
-                self._report(MergeProgress(
-                    batchId=batch_id, appId=app_id, tableVersion=None, skipped=False, attempts=attempt,
-                    numInputRows=0, numRowsAfterDedupe=0, numNullKeyRows=0, numLateRowsDropped=0,
-                    durationMs={"materialize": materialize_ms, "total": millis_since(started)}, metrics={},
-                    timestamp=now_text(), target=self.target, conflictRetries=conflicts))
-                return
-            # The rest of the batch reads the batch, the target and the tombstones: generated code
-            # or not, decided from their row counts (streaming_merge.spark.interpreted).
-            execution.enter_context(interpreted_if_small(
-                spark, rows_of([num_input, *file_rows(snapshot), *file_rows(tombstone_snapshot)]),
-                self._merge_options.interpreted_max_rows))
-            source = batch
-            if self._spec is not None:
-                refuse_unsequenced(self._spec, self._scd_type, self.target, batch_id, unsequenced)
-                dead_letter_rows = route_null_keys(spark, self._spec, self._dead_letter, self.target, batch,
-                                                   batch_id, app_id, null_keys)
-                source = batch.filter(~F.col(NULL_KEY_FLAG)).drop(NULL_KEY_FLAG)
-                if self._phase_hook:
-                    self._phase_hook("after_prepare", source)
-            else:
-                dead_letter_rows = 0
-            # The column selection applies right before the MERGE: the dead letter keeps whole
-            # records, and the tombstones, truncates and SCD 2 history need the sequence columns,
-            # which the table may leave out (see TableColumns).
-            layout = self._columns.layout(snapshot.schema if snapshot is not None else None, source.columns)
-            tombstones_started = time.monotonic()
-            merge_stats: SourceStats | None = stats
-            if kept_rows is not None:  # late events already dropped: the key ranges still bound the rest
-                merge_stats = dataclasses.replace(stats, rows=kept_rows)
-            batch_events = source
-            if self._tombstones is not None and self._scd_type == 1:  # SCD 2 places late events in the history
-                files = self._tombstones.lookup_files(spark, tombstone_snapshot, stats.ranges, oldest_sequence)
-                self._filter_while_materializing = (self._tombstones.lookup_reads_most(tombstone_snapshot, files)
-                                                    if everything else None)
-                if files and kept_rows is None:
-                    assert tombstone_snapshot is not None
-                    # The MERGE materializes the filtered batch and counts what is left.
-                    source, merge_stats = self._tombstones.without_late(spark, source, tombstone_snapshot,
-                                                                        files, partitions), None
-            truncates = self._truncates(spark, truncate_values, tombstone_snapshot, source.schema)
-            batch_truncates = [self._spec.sequence_literal(v, source.schema) for v in sorted(truncate_values)] \
-                if self._spec is not None else []
-            if self._scd_type == 2:
-                source, merge_stats = history_source(spark, self._spec, self._columns, self._track, self._tombstones,
-                                                     self.target, source, stats, snapshot, truncates, batch_truncates,
-                                                     tombstone_snapshot, layout)
-            else:
-                if truncates:
-                    assert self._spec is not None  # truncates need keys and a sequence
-                    source, merge_stats = forget_truncated(source, self._spec, truncates[-1]), None
-                source = self._columns.frame(source, layout)
-            self._ensure_table(spark, source, snapshot)
-            tombstones_ms = millis_since(tombstones_started)
-            own_versions: list[int] = []  # of the tombstone table: this batch's append (and purge)
-            if self._tombstones is not None and (delete_events or truncate_values):
-                # From the materialized batch, not the late-event filter (which never drops a delete
-                # and would be computed once more for this append alone); beside the MERGE, which
-                # waits for it before committing.
-                tombstones, events = self._tombstones, batch_events
-                recording = BackgroundCall(lambda: own_versions.extend(tombstones.record(
-                    spark, events, app_id, batch_id, tombstone_snapshot, batch_truncates, truncate_values)),
-                    "tombstone-append")
-            commit_check = None
-            if self._tombstones is not None:
-                commit_check = functools.partial(
-                    self._no_tombstones_missed, spark, snapshot.version if snapshot is not None else None,
-                    tombstone_snapshot, own_versions, batch_events, stats.ranges)
-            execute_started = time.monotonic()
-            try:
-                metrics = self._merge(spark, source, app_id, batch_id, merge_stats, snapshot, batch_truncates,
-                                      recording.result if recording is not None else None, layout, commit_check,
-                                      partial=partial_events > 0)
-            except BaseException:
-                if recording is not None:
-                    recording.wait_quietly()
-                raise
+                self._phase_hook("after_prepare", source)
+        # The column selection applies right before the MERGE: the dead letter keeps whole
+        # records, and the tombstones, truncates and SCD 2 history need the sequence columns,
+        # which the table may leave out (see TableColumns).
+        layout = self._columns.layout(copied.snapshot.schema if copied.snapshot is not None else None, source.columns)
+        started = time.monotonic()
+        late_dropped = copied.kept_rows is not None  # the copy dropped them: the key ranges still bound the rest
+        merge_stats: SourceStats | None = (dataclasses.replace(stats, rows=copied.kept_rows)
+                                           if copied.kept_rows is not None else stats)
+        events = source
+        if self._tombstones is not None and self._scd_type == 1:  # SCD 2 places late events in the history
+            files = self._tombstones.lookup_files(spark, copied.tombstones, stats.ranges, counts.oldest_sequence)
+            self._filter_while_materializing = (self._tombstones.lookup_reads_most(copied.tombstones, files)
+                                                if copied.tombstone_files else None)
+            if files and not late_dropped:
+                assert copied.tombstones is not None
+                # The MERGE materializes the filtered batch and counts what is left.
+                source = self._tombstones.without_late(spark, source, copied.tombstones, files, copied.partitions)
+                merge_stats, late_dropped = None, True
+        truncates = self._truncates(spark, counts.truncates, copied.tombstones, source.schema)
+        batch_truncates = [self._spec.sequence_literal(v, source.schema) for v in sorted(counts.truncates)] \
+            if self._spec is not None else []
+        if self._scd_type == 2:
+            source, merge_stats = history_source(spark, self._spec, self._columns, self._track, self._tombstones,
+                                                 self.target, source, stats, copied.snapshot, truncates,
+                                                 batch_truncates, copied.tombstones, layout)
+        else:
+            if truncates:
+                assert self._spec is not None  # truncates need keys and a sequence
+                source, merge_stats, late_dropped = forget_truncated(source, self._spec, truncates[-1]), None, True
+            source = self._columns.frame(source, layout)
+        ensure_table(spark, attempt.location, source, copied.snapshot, create_if_missing=self._create_if_missing,
+                     partition_by=self._partition_by, properties=self._table_properties)
+        return PreparedBatch(source, events, merge_stats, late_dropped, layout, batch_truncates, dead_letter_rows,
+                             millis_since(started))
+
+    def _merge(self, attempt: Attempt, copied: CopiedBatch, prepared: PreparedBatch) -> MergeOutcome:
+        """The MERGE, which commits txn(app_id, batch_id); the batch's deletes and truncates are
+        recorded as tombstones beside it, and it waits for them before committing."""
+        spark, counts = attempt.spark, copied.counts
+        own_versions: list[int] = []  # of the tombstone table: this batch's append (and purge)
+        recording: BackgroundCall | None = None
+        if self._tombstones is not None and (counts.deletes or counts.truncates):
+            # From the materialized batch, not the late-event filter (which never drops a delete
+            # and would be computed once more for this append alone).
+            tombstones = self._tombstones
+            recording = BackgroundCall(lambda: own_versions.extend(tombstones.record(
+                spark, prepared.events, attempt.app_id, attempt.batch_id, copied.tombstones, prepared.truncates,
+                counts.truncates)), "tombstone-append")
+        commit_check = None
+        if self._tombstones is not None:
+            commit_check = functools.partial(
+                self._no_tombstones_missed, spark, copied.snapshot.version if copied.snapshot is not None else None,
+                copied.tombstones, own_versions, prepared.events, copied.stats.ranges)
+        started = time.monotonic()
+        try:
+            metrics = self._execute_merge(attempt, copied.snapshot, prepared,
+                                          recording.result if recording is not None else None, commit_check,
+                                          partial=counts.partial_events > 0)
+        except BaseException:
             if recording is not None:
-                recording.result()  # a MERGE skipped by its txn never reached the wait before its commit
-            execute_ms = millis_since(execute_started)
-        finally:
-            execution.close()
-            release(batch)
-        # SCD 1 events dropped as older than a tombstone or a truncate (the MERGE counted what was left)
-        late = stats.rows - int(metrics["numSourceRows"] or 0) \
-            if self._scd_type == 1 and merge_stats is not stats and not metrics["skipped"] else 0
+                recording.wait_quietly()
+            raise
+        if recording is not None:
+            recording.result()  # a MERGE skipped by its txn never reached the wait before its commit
+        return MergeOutcome(metrics, millis_since(started))
+
+    def _report_merged(self, attempt: Attempt, copied: CopiedBatch, prepared: PreparedBatch,
+                       outcome: MergeOutcome) -> None:
+        """What follows a MERGE: the all-touched streak, auto compaction, the tombstones'
+        compaction, and the batch's progress."""
+        metrics, spark = outcome.metrics, attempt.spark
         candidates = int(metrics["numTargetFilesAfterSkipping"] or 0)
         removed = int(metrics["numTargetFilesRemoved"] or 0)
         all_touched = not metrics["skipped"] and candidates > 0 and removed == candidates
         self._all_touched_streak = self._all_touched_streak + 1 if all_touched else 0
-        merge_ms = int(metrics["scanTimeMs"] or 0) + int(metrics["rewriteTimeMs"] or 0)
-        compaction = (run_auto_compaction(spark, self._auto_compact, batch_id, snapshot, location)
+        compaction = (run_auto_compaction(spark, self._auto_compact, attempt.batch_id, copied.snapshot,
+                                          attempt.location)
                       if self._auto_compact is not None and not metrics["skipped"] else None)
-        if self._tombstones is not None and (delete_events or truncate_values):
-            self._tombstones.compact_if_due(spark, batch_id, tombstone_snapshot)
-        self._report(MergeProgress(
-            batchId=batch_id, appId=app_id, tableVersion=metrics["tableVersion"],  # type: ignore[arg-type]
-            skipped=bool(metrics["skipped"]), attempts=attempt, numInputRows=num_input,
-            numRowsAfterDedupe=stats.rows, numNullKeyRows=null_keys, numLateRowsDropped=late,
-            durationMs={"materialize": materialize_ms, "tombstones": tombstones_ms,
-                        "merge": merge_ms, "commit": max(0, execute_ms - merge_ms), "total": millis_since(started)},
-            metrics={name: int(metrics[name] or 0) for name in DELTA_METRICS},
-            timestamp=now_text(), target=self.target, deadLetterRows=dead_letter_rows, compaction=compaction,
-            numTruncates=len(truncate_values), conflictRetries=conflicts))
+        if self._tombstones is not None and (copied.counts.deletes or copied.counts.truncates):
+            self._tombstones.compact_if_due(spark, attempt.batch_id, copied.tombstones)
+        self._report(merged_progress(attempt, copied, prepared, outcome, compaction))
 
     def _fold_partitions(self, spark: SparkSession, rows_at_most: int | None) -> int:
         """How many partitions the batch is folded into (newest event per key): one for a small
@@ -503,11 +521,13 @@ class MergeSink:
                 "app_id='...' to call it directly.")
         return query_id
 
-    def _merge(self, spark: SparkSession, source: DataFrame, app_id: str, batch_id: int,
-               stats: SourceStats | None, snapshot: Snapshot | None, truncates: Sequence[Column],
-               before_commit: Callable[[], None] | None, layout: SequenceLayout,
-               commit_check: Callable[[Snapshot], None] | None = None, *, partial: bool = True) -> MergeMetrics:
-        table = DeltaTable(spark, self._bind(spark), "t")
+    def _execute_merge(self, attempt: Attempt, snapshot: Snapshot | None, prepared: PreparedBatch,
+                       before_commit: Callable[[], None] | None, commit_check: Callable[[Snapshot], None] | None,
+                       *, partial: bool) -> MergeMetrics:
+        """The MERGE of the prepared source: the SCD 2 history clauses, the caller's clauses or
+        the upsert preset, with the sink's MERGE options."""
+        source, layout, truncates, stats = prepared.source, prepared.layout, prepared.truncates, prepared.stats
+        table = DeltaTable(attempt.spark, attempt.location, "t")
         if self._scd_type == 2:
             builder = history_upsert(self._spec, table.merge(source.alias("s"), history_condition(self._condition)),
                                      source.columns, truncates)
@@ -534,7 +554,7 @@ class MergeSink:
         builder = builder.withOptions(**options)
         if self._schema_evolution:
             builder = builder.withSchemaEvolution()
-        return builder.execute(app_id=app_id, version=batch_id)
+        return builder.execute(app_id=attempt.app_id, version=attempt.batch_id)
 
     def _truncates(self, spark: SparkSession, batch_values: Sequence[Any], tombstone_snapshot: Snapshot | None,
                    schema: StructType) -> list[Column]:
@@ -546,32 +566,6 @@ class MergeSink:
         if self._tombstones is not None:  # every writer's, read once per tombstone file (Tombstones caches them)
             values |= set(self._tombstones.recorded_truncates(spark, tombstone_snapshot))
         return [self._spec.sequence_literal(v, schema) for v in sorted(values)]
-
-    def _ensure_table(self, spark: SparkSession, source: DataFrame, snapshot: Snapshot | None) -> None:
-        """Create the target from the batch when it is missing. When another writer (another
-        flow's first batch) created it after this attempt read that it was missing, the
-        attempt's layout and plan were made for no table: ConcurrentModificationError, and the
-        batch reruns against the table that is there."""
-        location = self._bind(spark)
-        if table_exists(location):
-            if snapshot is None:
-                raise ConcurrentModificationError(
-                    f"`{self.target}` was created by another writer while this batch ran; rerunning it against that "
-                    "table.")
-            return
-        if not self._create_if_missing:
-            DeltaTable.forPath(spark, location)  # raises NotADeltaTableError naming the path
-        columns = [c for c in source.columns if not c.startswith("__sm_")]
-        try:
-            DeltaTable.createFromDataFrame(source.select(*[f"`{c}`" for c in columns]).limit(0), location,
-                                           partitionBy=self._partition_by or None,
-                                           properties=self._table_properties or None)
-        except DeltaTableError as exc:
-            if not table_exists(location):
-                raise
-            raise ConcurrentModificationError(
-                f"`{self.target}` was created by another writer at the same time as by this batch; rerunning it "
-                "against that table.") from exc
 
     def _no_tombstones_missed(self, spark: SparkSession, read_version: int | None, tombstones_read: Snapshot | None,
                               own_versions: Sequence[int], events: DataFrame, key_ranges: Mapping[str, Any],
