@@ -215,9 +215,10 @@ def stop_session(spark: SparkSession) -> None:
 
     Once a Python worker has run, the JVM holds a connection to the driver's accumulator server,
     whose handler polls for a shutdown flag once a second in the server's only thread; stopping
-    the server waits for that poll: 0.25-0.65 s here of a job's exit, against 0.1 s for the rest
-    of the stop. After the SparkContext has stopped no update can come, so the flag is set, the
-    server closed, and its daemon thread left to end with the process."""
+    the server waits for that poll, most of a job's exit (bench/private_apis.md). After the
+    SparkContext has stopped no update can come, so the flag is set, the server closed, and its
+    daemon thread left to end with the process. The server is PySpark's private state;
+    tests/unit/test_private_apis_no_jvm.py fails when a PySpark upgrade renames it."""
     context = spark.sparkContext
     server = getattr(context, "_accumulatorServer", None)
     if server is not None:
@@ -366,7 +367,7 @@ def _late_c2_conf(master: str, conf: dict[str, str]) -> dict[str, str]:
     a restart of the Kafka job to its first MERGE the C2 thread used 6.0 s of the driver JVM's
     14.7 s of CPU (bench/startup.py, JVM thread groups). Code that stays hot (a stream's
     per-batch planning, tasks' row loops) passes the higher thresholds within its first batches
-    and is compiled by C2 as before, unlike ``-XX:TieredStopAtLevel=1`` (short runs), which
+    and is compiled by C2 then, unlike ``-XX:TieredStopAtLevel=1`` (short runs), which
     never compiles with C2. The caller's own JIT options win; cluster masters keep their JVMs'
     defaults."""
     if not _is_local(master) or any(option in conf.get(DRIVER_JAVA_OPTIONS, "") for option in _JIT_OPTIONS):

@@ -2,19 +2,19 @@
 
 The JVM writes a py4j answer through an 8 KB buffer, so an answer past 8 KB leaves in several
 writes on a socket with Nagle's algorithm on: the last write waits for the acknowledgement of
-the first, which the Python side, only reading, delays by up to 40 ms. Every answer over 8 KB
-paid that here: 41-47 ms for a 24 KB observed value against under 1 ms with TCP_NODELAY (a
-MERGE reads its observed row positions as one text; plans, schemas and progress are others).
-py4j does not set TCP_NODELAY, so we set it on the JVM's end of each connection we use.
+the first, which the Python side, only reading, delays by up to 40 ms. A MERGE with deletion
+vectors reads its observed row positions as texts of that size, the sink its observed id lists;
+plans, schemas and progress are others. py4j has no setting for TCP_NODELAY, so we set it on the
+JVM's end of each connection we use, through py4j's private fields (the gateway's list of
+connections); bench/private_apis.md has the measured gain, tests/spark/test_answers_at_once.py
+fails when a py4j upgrade moves them.
 
 PySpark pins a py4j connection to each Python thread; the JVM's end of it is the one of the
 gateway's connections whose peer port is the Python end's own. The Python end is marked once,
 so the check costs an attribute read afterwards. A ``foreachBatch`` callback's thread calls
 back on the connection the JVM opened for its own thread: the JVM's end of that one is the
 callback client's connection for the thread serving the call (``getPerThreadConnection``),
-checked by its local port, the Python end's peer. In a callback, a 60 KB answer took 44 ms
-without it and 0.46 ms with it; the Kafka job's sink read three observed id lists a batch, each
-~40 KB, 42 ms apiece.
+checked by its local port, the Python end's peer.
 """
 
 from __future__ import annotations

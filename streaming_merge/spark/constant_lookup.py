@@ -10,9 +10,12 @@ a first modulus spreads the keys over buckets, each bucket has its own modulus u
 few keys fall in distinct slots, so a row costs two remainders and four array reads whatever the
 number of keys. Up to 8 keys, the list is scanned.
 
-The arrays are Spark literals backed by ``UnsafeArrayData``: a read is one memory load, where
-a literal parsed from JSON (or built from Python values) holds boxed numbers, and they reach
-the JVM as one byte array rather than a value at a time.
+The arrays are Spark literals backed by ``UnsafeArrayData``, built from its byte layout (a
+private format of Spark's): a read is one memory load, where a literal parsed from JSON (or built
+from Python values) holds boxed numbers, and they reach the JVM as one byte array rather than a
+text Spark parses into a value at a time. A DV read's bitset is an array of tens of thousands of
+words; bench/private_apis.md has the measured gain, tests/spark/test_private_apis.py fails when
+a Spark upgrade sends ``long_array`` to its JSON fallback.
 """
 
 from __future__ import annotations

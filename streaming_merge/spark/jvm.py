@@ -2,8 +2,8 @@
 
 ``spark._jvm.org.apache.hadoop.fs.Path`` costs one round trip per dotted segment, and every
 segment that is not a class (``org``, ``org.apache``, ...) is first looked for as a class in
-each jar of the driver's class path and under each of the gateway's imports: about 1 ms per
-name here, paid on every use. A proxy made from the full name costs nothing until it is
+each jar of the driver's class path and under each of the gateway's imports, on every use
+(bench/private_apis.md has the cost per MERGE). A proxy made from the full name costs nothing until it is
 called (a constructor call is then one round trip), and it keeps the methods it was asked
 for, which py4j would otherwise look up in the JVM on every call.
 """
@@ -66,8 +66,10 @@ def remember_pyspark_lookups(spark: SparkSession) -> None:
     PySpark's JVM view (py4j's ``JVMView``) sends every ``getattr(jvm, name)`` to the JVM,
     and a class's method names likewise; the answers never change while the JVM lives. Each
     name is looked up once the usual way (so it names the same class, imports included) and
-    kept on the view, with its methods remembered as they are first used. The view belongs to
-    the SparkContext, so a new context starts without them. Idempotent and cheap to repeat.
+    kept in the view's own attributes, which Python reads before py4j's ``__getattr__``, with
+    its methods remembered as they are first used. The view belongs to the SparkContext, so a
+    new context starts without them. Idempotent and cheap to repeat. When PySpark looks up other
+    names, tests/spark/test_private_apis.py names them.
     """
     view = spark.sparkContext._jvm
     if view is None or _REMEMBERED in vars(view):

@@ -18,11 +18,17 @@ log = logging.getLogger(__name__)
 def task_slots(spark: SparkSession) -> int:
     """Tasks that can run at once now; Spark's default parallelism when the scheduler cannot say
     (no executor registered yet reports 0)."""
-    context = spark.sparkContext
     try:
-        jvm_context = context._jsc.sc()  # type: ignore[union-attr]
-        slots = int(jvm_context.maxNumConcurrentTasks(jvm_context.resourceProfileManager().defaultResourceProfile()))
-    except Exception as exc:  # an API Spark keeps internal; fall back rather than fail the MERGE
+        slots = scheduler_slots(spark)
+    except Exception as exc:  # a Spark that moved this internal: size by the setting rather than fail
         log.debug("maxNumConcurrentTasks unavailable: %s", exc)
         slots = 0
-    return slots if slots > 0 else max(1, int(context.defaultParallelism))
+    return slots if slots > 0 else max(1, int(spark.sparkContext.defaultParallelism))
+
+
+def scheduler_slots(spark: SparkSession) -> int:
+    """The scheduler's slots for the default resource profile: ``SparkContext.maxNumConcurrentTasks``
+    is ``private[spark]`` (public in the bytecode); tests/spark/test_private_apis.py fails when a
+    Spark upgrade moves it."""
+    jvm_context = spark.sparkContext._jsc.sc()  # type: ignore[union-attr]
+    return int(jvm_context.maxNumConcurrentTasks(jvm_context.resourceProfileManager().defaultResourceProfile()))

@@ -26,11 +26,8 @@ tests/spark/test_spark_metrics.py fails when a Spark upgrade changes them. Every
 the registry before it is registered: the metrics system copies the registry's metrics then.
 
 Cost: one py4j round trip per metric whose value changed (a counter that a batch leaves at zero
-is not touched, nor a gauge that keeps its value). Measured here (2 cores shared with other
-work, PySpark 4.2, local driver), 1,000-row upserts (500 inserted, 500 updated) into one table:
-24-25 metrics change per batch; publishing took 2.0 and 4.0 ms a batch (medians of 10 batches
-in two runs, at most 8 ms) against the 470 and 1,730 ms the batches took, and 26-28 ms at the
-stream's first batch, which builds the source (~45 round trips) and names it.
+is not touched, nor a gauge that keeps its value), a few ms of a batch; the stream's first batch
+builds the source (~45 round trips) and names it. bench/private_apis.md has the figures.
 
 Publishing never fails a batch: a failure is logged once (WARNING) and that stream publishes
 no more in this SparkContext. ``spark.streaming_merge.metrics.enabled=false`` (the session's
