@@ -269,6 +269,22 @@ MERGE_SINK: dict[str, tuple[str, str]] = {
         "SCD 2: a change of any column but these opens a new version (the others update the current "
         "version in place).",
         "To leave bookkeeping columns (`op`, `ts_ms`) out of history."),
+    "table": (
+        "`TableOptions(...)`: the table options (below) as one object instead of their keywords.",
+        "To build a group once and share it; a group and one of its keywords together are refused."),
+    "cdc": (
+        "`CdcOptions(...)`: the CDC options (below) as one object instead of their keywords.",
+        "As `table`, e.g. one `CdcOptions` for every flow into a table."),
+    "retries": (
+        "`RetryOptions(...)`: the rerun options (below) as one object instead of their keywords.",
+        "As `table`."),
+    "progress": (
+        "`ProgressOptions(...)`: the progress options (below) as one object instead of their keywords.",
+        "As `table`."),
+    "performance": (
+        "`PerformanceOptions(...)`: the performance options (below) as one object instead of their "
+        "keywords.",
+        "As `table`."),
     "delete_when": ("Deprecated alias of `apply_as_deletes`.", "Use `apply_as_deletes`."),
     "scd_type": ("Deprecated alias of `stored_as_scd_type`.", "Use `stored_as_scd_type`."),
 }
@@ -452,6 +468,18 @@ def merge_sink() -> str:
     return _table(["parameter", "default", "meaning", "when to change it"], rows)
 
 
+def merge_sink_groups() -> str:
+    """Which keywords each option group of ``MergeSink`` holds (streaming_merge.streaming.sink_options)."""
+    import dataclasses as dc
+
+    from streaming_merge.streaming.sink_options import GROUPS
+
+    rows = [[f"`{parameter}=`", f"`{cls.__name__}`", ", ".join(f"`{f.name}`" for f in dc.fields(cls)),
+             " ".join((inspect.getdoc(cls) or "").replace("``", "`").split())]
+            for parameter, cls in GROUPS.items()]
+    return _table(["parameter", "class", "its keywords (fields)", "what it groups"], rows)
+
+
 # ------------------------------------------------------------------ the jobs' command lines
 
 
@@ -609,6 +637,7 @@ def spark_metrics() -> str:
 TABLES: dict[str, Callable[[], str]] = {
     "merge-options": merge_options,
     "merge-sink": merge_sink,
+    "merge-sink-groups": merge_sink_groups,
     "spark-metrics": spark_metrics,
     "cli:jobs.kafka_cdc_ingest": lambda: cli("jobs.kafka_cdc_ingest"),
     "cli:jobs.cdf_chain": lambda: cli("jobs.cdf_chain"),

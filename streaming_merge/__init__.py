@@ -28,9 +28,17 @@ if TYPE_CHECKING:
     from streaming_merge.streaming.compaction import AutoCompact
     from streaming_merge.streaming.progress import MergeProgress, MergeProgressListener
     from streaming_merge.streaming.sink import MergeSink
+    from streaming_merge.streaming.sink_options import (
+        CdcOptions,
+        PerformanceOptions,
+        ProgressOptions,
+        RetryOptions,
+        TableOptions,
+    )
 
 _HOMES = {
     "AutoCompact": "streaming_merge.streaming.compaction",
+    "CdcOptions": "streaming_merge.streaming.sink_options",
     "DeltaMergeBuilder": "streaming_merge.merge.builder",
     "DeltaOptimizeBuilder": "streaming_merge.optimize.builder",
     "DeltaTable": "streaming_merge.delta_table",
@@ -42,12 +50,17 @@ _HOMES = {
     "MergeSink": "streaming_merge.streaming.sink",
     "OptimizeMetrics": "streaming_merge.optimize.metrics",
     "OptimizeOptions": "streaming_merge.optimize.options",
+    "PerformanceOptions": "streaming_merge.streaming.sink_options",
+    "ProgressOptions": "streaming_merge.streaming.sink_options",
+    "RetryOptions": "streaming_merge.streaming.sink_options",
+    "TableOptions": "streaming_merge.streaming.sink_options",
     "create_auto_cdc_flow": "streaming_merge.streaming.auto_cdc",
     "create_auto_cdc_from_snapshot_flow": "streaming_merge.snapshots.flow",
 }
 
 __all__ = [
     "AutoCompact",
+    "CdcOptions",
     "DeltaMergeBuilder",
     "DeltaOptimizeBuilder",
     "DeltaTable",
@@ -59,6 +72,10 @@ __all__ = [
     "MergeSink",
     "OptimizeMetrics",
     "OptimizeOptions",
+    "PerformanceOptions",
+    "ProgressOptions",
+    "RetryOptions",
+    "TableOptions",
     "create_auto_cdc_flow",
     "create_auto_cdc_from_snapshot_flow",
     "errors",

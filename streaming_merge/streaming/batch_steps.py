@@ -6,7 +6,8 @@ step takes and returns one of the frozen dataclasses below, so a step reads on i
 inputs are named fields, not positions in a tuple) and the data each one adds is in one place.
 The steps that read or update the sink's state across batches (the tombstone heuristics, the
 all-touched streak, the previous batch's size) stay methods of the sink; what is here is
-plain: the progress records and the creation of a missing target.
+plain: the progress records, the creation of a missing target, the truncates to apply and
+the check against tombstones recorded meanwhile.
 """
 
 from __future__ import annotations
@@ -16,14 +17,17 @@ from dataclasses import dataclass
 from typing import Any
 
 from pyspark.sql import Column, DataFrame, SparkSession
+from pyspark.sql.types import StructType
 
 from streaming_merge.delta_table import DeltaTable
 from streaming_merge.errors import ConcurrentModificationError, DeltaTableError
 from streaming_merge.merge.metrics import DELTA_METRICS, MergeMetrics
 from streaming_merge.merge.skipping import SourceStats
 from streaming_merge.streaming.batch_copy import BatchCounts
+from streaming_merge.streaming.cdc import CdcSpec
 from streaming_merge.streaming.progress import MergeProgress, millis_since, now_text
 from streaming_merge.streaming.sequence_layout import SequenceLayout
+from streaming_merge.streaming.tombstones import Tombstones
 from streaming_merge.table.location import TableLocation
 from streaming_merge.table.snapshot import DataFile, Snapshot, table_exists
 
@@ -163,3 +167,33 @@ def ensure_table(spark: SparkSession, location: TableLocation, source: DataFrame
             f"`{location.uri}` was created by another writer at the same time as by this batch; rerunning it "
             "against that table.") from exc
 
+
+
+def all_truncates(spark: SparkSession, spec: CdcSpec | None, tombstones: Tombstones | None, batch_values: Sequence[Any],
+                  tombstone_snapshot: Snapshot | None, schema: StructType) -> list[Column]:
+    """Every truncate to apply to this batch, oldest first, as literals: the batch's own and,
+    with tombstones, those recorded by earlier batches (read once per sink, then kept)."""
+    if spec is None or spec.truncate_when is None:
+        return []
+    values = set(batch_values)
+    if tombstones is not None:  # every writer's, read once per tombstone file (Tombstones caches them)
+        values |= set(tombstones.recorded_truncates(spark, tombstone_snapshot))
+    return [spec.sequence_literal(v, schema) for v in sorted(values)]
+
+
+def no_tombstones_missed(tombstones: Tombstones, spark: SparkSession, read_version: int | None,
+                         tombstones_read: Snapshot | None, own_versions: Sequence[int], events: DataFrame,
+                         key_ranges: Mapping[str, Any], latest: Snapshot) -> None:
+    """The MERGE's last check before its commit (every commit attempt; ``latest``: the target
+    as the commit checked it). Another flow records its deletes in the shared tombstone table
+    before its MERGE commits; a delete of a key the table did not hold commits no target file,
+    so nothing in the target's log tells this batch that its older event for that key must
+    not be inserted. When the target gained commits since this batch read it, such a delete
+    may be among them, and its tombstone is then already in the tombstone table: the batch
+    fails with ConcurrentModificationError when another writer recorded a tombstone of one of
+    its keys (or a truncate) after the batch read the tombstones, and reruns from a fresh
+    snapshot. Without target commits since the read, every such delete committed before the
+    batch read the tombstones (tombstones first, then the MERGE), and nothing is read here."""
+    if read_version is not None and latest.version == read_version:
+        return
+    tombstones.check_none_recorded_since(spark, tombstones_read, own_versions, events, key_ranges)

@@ -19,7 +19,6 @@ from typing import Any
 
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
-from pyspark.sql.types import StructType
 
 from streaming_merge.delta_table import DeltaTable
 from streaming_merge.errors import (
@@ -54,9 +53,11 @@ from streaming_merge.streaming.batch_steps import (
     MergeOutcome,
     PreparedBatch,
     TxnCheck,
+    all_truncates,
     empty_progress,
     ensure_table,
     merged_progress,
+    no_tombstones_missed,
     skipped_progress,
 )
 from streaming_merge.streaming.cdc import (
@@ -83,6 +84,15 @@ from streaming_merge.streaming.sink_clauses import (
     history_source,
     history_upsert,
 )
+from streaming_merge.streaming.sink_options import (
+    CdcOptions,
+    PerformanceOptions,
+    PhaseHook,
+    ProgressOptions,
+    RetryOptions,
+    TableOptions,
+    grouped,
+)
 from streaming_merge.streaming.spark_metrics import publish as publish_metrics
 from streaming_merge.streaming.tombstones import Tombstones
 from streaming_merge.table.follow import FollowedTable
@@ -105,7 +115,6 @@ SMALL_CANDIDATES_BYTES = 1024 * 1024
 # A batch of at most this many events is folded (newest event per key) in one task, with no
 # shuffle; a larger one in a partition per task slot (see MergeSink._fold_partitions).
 FOLD_IN_ONE_TASK_MAX_ROWS = 20_000
-PhaseHook = Callable[[str, DataFrame], None]
 
 
 class MergeSink:
@@ -130,7 +139,12 @@ class MergeSink:
     [0.5, 1), ``conflict_backoff=(first, cap)`` = (0.1, 5.0) by default (at most 16.3 s of
     pauses in all); each is logged (WARNING) and counted in the progress (``conflictRetries``;
     ``attempts`` counts every attempt). Reruns after lost materialized blocks are bounded by
-    ``max_attempts`` as before, apart from these."""
+    ``max_attempts`` as before, apart from these.
+
+    The options also come in groups, frozen dataclasses whose fields carry the keywords' names
+    and defaults: ``table=TableOptions(...)``, ``cdc=CdcOptions(...)``, ``retries=RetryOptions(...)``,
+    ``progress=ProgressOptions(...)``, ``performance=PerformanceOptions(...)``. A group not given
+    is built from its keywords; a group given with one of its keywords set too is refused."""
 
     def __init__(
         self,
@@ -170,45 +184,57 @@ class MergeSink:
         unavailable_value: str | None = None,
         track_history_column_list: Sequence[ColumnArg] | None = None,
         track_history_except_column_list: Sequence[ColumnArg] | None = None,
+        table: TableOptions | None = None,
+        cdc: CdcOptions | None = None,
+        retries: RetryOptions | None = None,
+        progress: ProgressOptions | None = None,
+        performance: PerformanceOptions | None = None,
         delete_when: str | Column | None = None,
         scd_type: int | None = None,
     ) -> None:
-        deletes = renamed("delete_when", delete_when, "apply_as_deletes", apply_as_deletes)
-        scd_value = renamed("scd_type", scd_type, "stored_as_scd_type", stored_as_scd_type)
+        # Each group given whole, or built from its keywords (sink_options.grouped).
+        keywords = dict(locals())
+        table = grouped(TableOptions, "table", table, keywords)
+        cdc = grouped(CdcOptions, "cdc", cdc, keywords)
+        retries = grouped(RetryOptions, "retries", retries, keywords)
+        progress = grouped(ProgressOptions, "progress", progress, keywords)
+        performance = grouped(PerformanceOptions, "performance", performance, keywords)
+        deletes = renamed("delete_when", delete_when, "apply_as_deletes", cdc.apply_as_deletes)
+        scd_value = renamed("scd_type", scd_type, "stored_as_scd_type", cdc.stored_as_scd_type)
         scd = scd_type_of(1 if scd_value is None else scd_value)
         key_list = column_names(keys, "keys")
         if not key_list and condition is None:
             raise InvalidArgumentError("MergeSink needs keys=[...] or condition='t.k = s.k'")
-        check_retry_budget(max_attempts, max_conflict_retries, conflict_backoff)
+        check_retry_budget(retries.max_attempts, retries.max_conflict_retries, retries.conflict_backoff)
         if not isinstance(target, str) or not target.strip():
             raise InvalidArgumentError(f"MergeSink needs a target table path or URI, got {target!r}")
         self.target = target  # as given until the first batch resolves it with the session's file system
-        self._storage_options = dict(storage_options or {})
+        self._storage_options = dict(table.storage_options or {})
         checked_storage_options(target, self._storage_options)  # a misspelt option fails here, not at batch 0
         self._location: TableLocation | None = None
         self._followed: FollowedTable | None = None  # the target, from one batch to the next
         # List options take names or Columns; an empty list is no selection (see name_list).
-        null_columns = name_list(ignore_null_updates_column_list, "ignore_null_updates_column_list")
-        null_except = name_list(ignore_null_updates_except_column_list, "ignore_null_updates_except_column_list")
-        partial = (ignore_null_updates or null_columns is not None or null_except is not None
-                   or unavailable_value is not None)
+        null_columns = name_list(cdc.ignore_null_updates_column_list, "ignore_null_updates_column_list")
+        null_except = name_list(cdc.ignore_null_updates_except_column_list, "ignore_null_updates_except_column_list")
+        partial = (cdc.ignore_null_updates or null_columns is not None or null_except is not None
+                   or cdc.unavailable_value is not None)
         if partial and not key_list:
             raise InvalidArgumentError("ignore_null_updates / unavailable_value need keys=[...]: a partial update is "
                              "folded per key")
-        if partial and schema_evolution:
+        if partial and table.schema_evolution:
             raise InvalidArgumentError("ignore_null_updates / unavailable_value cannot go with schema_evolution yet "
                              "(their MERGE assigns columns one by one, which does not add new columns)")
-        sequence_list = sequence_columns(sequence_by)
-        track_list = name_list(track_history_column_list, "track_history_column_list")
-        track_except = name_list(track_history_except_column_list, "track_history_except_column_list")
-        selected = name_list(column_list, "column_list")
-        excepted = name_list(except_column_list, "except_column_list")
-        check_history_options(scd, key_list, sequence_list, clauses, schema_evolution, track_list, track_except,
-                               apply_as_truncates)
+        sequence_list = sequence_columns(cdc.sequence_by)
+        track_list = name_list(cdc.track_history_column_list, "track_history_column_list")
+        track_except = name_list(cdc.track_history_except_column_list, "track_history_except_column_list")
+        selected = name_list(cdc.column_list, "column_list")
+        excepted = name_list(cdc.except_column_list, "except_column_list")
+        check_history_options(scd, key_list, sequence_list, clauses, table.schema_evolution, track_list,
+                              track_except, cdc.apply_as_truncates)
         self._scd_type = scd
         self._track = TrackHistory(track_list, track_except)
-        self._spec = CdcSpec(key_list, sequence_list, deletes, dedupe, ignore_null_updates,
-                             unavailable_value, apply_as_truncates, keep_all_events=scd == 2,
+        self._spec = CdcSpec(key_list, sequence_list, deletes, cdc.dedupe, cdc.ignore_null_updates,
+                             cdc.unavailable_value, cdc.apply_as_truncates, keep_all_events=scd == 2,
                              ignore_null_columns=null_columns, ignore_null_except=null_except
                              ) if key_list else None
         # The batch's CDC plan, its expressions built once per batch schema (BatchPreparer).
@@ -224,24 +250,24 @@ class MergeSink:
                 f"{self._selection.leaves_out(sequence_list)} out of the table, which custom clauses cannot do: the "
                 f"sequence then goes to `{CDC_METADATA}`, which only the upsert preset maintains.")
         # Where the table keeps the sequence, and which batch columns reach it, decided per batch.
-        self._columns = TableColumns(self._spec, self._selection, target, schema_evolution,
+        self._columns = TableColumns(self._spec, self._selection, target, table.schema_evolution,
                                      sequence_in_columns=scd == 2 or clauses is not None)
         self._clauses = clauses
         self._app_id = app_id
-        self._schema_evolution = schema_evolution
-        self._storage_levels = tuple(storage_levels)
-        self._max_attempts = max_attempts
-        self._max_conflict_retries = max_conflict_retries
-        self._conflict_backoff = (float(conflict_backoff[0]), float(conflict_backoff[1]))
-        self._dead_letter_ref = dead_letter
+        self._schema_evolution = table.schema_evolution
+        self._storage_levels = tuple(retries.storage_levels)
+        self._max_attempts = retries.max_attempts
+        self._max_conflict_retries = retries.max_conflict_retries
+        self._conflict_backoff = (float(retries.conflict_backoff[0]), float(retries.conflict_backoff[1]))
+        self._dead_letter_ref = table.dead_letter
         self._dead_letter: TableLocation | None = None
-        self._create_if_missing = create_if_missing
-        self._partition_by = list(partition_by or [])
-        self._table_properties = dict(table_properties or {})
-        self._merge_options = merge_options or MergeOptions()
-        self._phase_hook = phase_hook
-        self._auto_compact = auto_compact
-        self._progress = ProgressLog(progress_capacity)
+        self._create_if_missing = table.create_if_missing
+        self._partition_by = list(table.partition_by or [])
+        self._table_properties = dict(table.table_properties or {})
+        self._merge_options = performance.merge_options or MergeOptions()
+        self._phase_hook = progress.phase_hook
+        self._auto_compact = performance.auto_compact
+        self._progress = ProgressLog(progress.progress_capacity)
         self._tombstones: Tombstones | None = None
         # Set by each batch's tombstone lookup for the next (see Tombstones.lookup_reads_most); None
         # until a lookup has seen a tombstone (a new stream, a restart): the next batch then filters
@@ -250,7 +276,7 @@ class MergeSink:
         # Batches in a row whose MERGE rewrote every candidate file (see REWRITE_ALL_CANDIDATES_BYTES).
         self._all_touched_streak = 0
         self._last_input_rows: int | None = None  # the previous batch's, for _fold_partitions
-        self._tombstone_settings = (tombstones, tombstone_retention, tombstone_purge_every)
+        self._tombstone_settings = (cdc.tombstones, cdc.tombstone_retention, cdc.tombstone_purge_every)
 
     # ------------------------------------------------------------------ progress
 
@@ -436,7 +462,8 @@ class MergeSink:
                 # The MERGE materializes the filtered batch and counts what is left.
                 source = self._tombstones.without_late(spark, source, copied.tombstones, files, copied.partitions)
                 merge_stats, late_dropped = None, True
-        truncates = self._truncates(spark, counts.truncates, copied.tombstones, source.schema)
+        truncates = all_truncates(spark, self._spec, self._tombstones, counts.truncates, copied.tombstones,
+                                  source.schema)
         batch_truncates = [self._spec.sequence_literal(v, source.schema) for v in sorted(counts.truncates)] \
             if self._spec is not None else []
         if self._scd_type == 2:
@@ -469,8 +496,9 @@ class MergeSink:
         commit_check = None
         if self._tombstones is not None:
             commit_check = functools.partial(
-                self._no_tombstones_missed, spark, copied.snapshot.version if copied.snapshot is not None else None,
-                copied.tombstones, own_versions, prepared.events, copied.stats.ranges)
+                no_tombstones_missed, self._tombstones, spark,
+                copied.snapshot.version if copied.snapshot is not None else None, copied.tombstones, own_versions,
+                prepared.events, copied.stats.ranges)
         started = time.monotonic()
         try:
             metrics = self._execute_merge(attempt, copied.snapshot, prepared,
@@ -555,35 +583,6 @@ class MergeSink:
         if self._schema_evolution:
             builder = builder.withSchemaEvolution()
         return builder.execute(app_id=attempt.app_id, version=attempt.batch_id)
-
-    def _truncates(self, spark: SparkSession, batch_values: Sequence[Any], tombstone_snapshot: Snapshot | None,
-                   schema: StructType) -> list[Column]:
-        """Every truncate to apply to this batch, oldest first, as literals: the batch's own and,
-        with tombstones, those recorded by earlier batches (read once per sink, then kept)."""
-        if self._spec is None or self._spec.truncate_when is None:
-            return []
-        values = set(batch_values)
-        if self._tombstones is not None:  # every writer's, read once per tombstone file (Tombstones caches them)
-            values |= set(self._tombstones.recorded_truncates(spark, tombstone_snapshot))
-        return [self._spec.sequence_literal(v, schema) for v in sorted(values)]
-
-    def _no_tombstones_missed(self, spark: SparkSession, read_version: int | None, tombstones_read: Snapshot | None,
-                              own_versions: Sequence[int], events: DataFrame, key_ranges: Mapping[str, Any],
-                              latest: Snapshot) -> None:
-        """The MERGE's last check before its commit (every commit attempt; ``latest``: the target
-        as the commit checked it). Another flow records its deletes in the shared tombstone table
-        before its MERGE commits; a delete of a key the table did not hold commits no target file,
-        so nothing in the target's log tells this batch that its older event for that key must
-        not be inserted. When the target gained commits since this batch read it, such a delete
-        may be among them, and its tombstone is then already in the tombstone table: the batch
-        fails with ConcurrentModificationError when another writer recorded a tombstone of one of
-        its keys (or a truncate) after the batch read the tombstones, and reruns from a fresh
-        snapshot. Without target commits since the read, every such delete committed before the
-        batch read the tombstones (tombstones first, then the MERGE), and nothing is read here."""
-        if read_version is not None and latest.version == read_version:
-            return
-        assert self._tombstones is not None
-        self._tombstones.check_none_recorded_since(spark, tombstones_read, own_versions, events, key_ranges)
 
     def _report(self, progress: MergeProgress) -> None:
         self._progress.add(progress)
