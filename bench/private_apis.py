@@ -13,14 +13,13 @@ Parts:
 
 * ``merge``: a 1k-row upsert into a 10k-row Delta table (warm), the path of a MERGE and of a
   sink batch. Variants: ``all on``; ``no TCP_NODELAY`` (the JVM's end of the thread's py4j
-  connection back to Nagle's algorithm: ``answers_at_once``); ``no view patch`` (PySpark's
-  class lookups sent to the JVM again: ``jvm.remember_pyspark_lookups``); ``no method memo``
-  (our class proxies ask the JVM for each method again: ``jvm._RememberingClass``); ``default
-  parallelism`` (``slots.task_slots`` answers Spark's default parallelism, not the scheduler's
-  slots; also ``neither memo``, the two py4j memos off together). The py4j round trips per
-  MERGE are counted, and the time spent waiting on lookups by name (reflection commands) and
-  on answers over 8 KB summed: those figures, exact, are what the py4j memos and TCP_NODELAY
-  save; the wall times of a 2-core machine shared with other work vary more than that.
+  connection back to Nagle's algorithm: ``answers_at_once``); ``default parallelism``
+  (``slots.task_slots`` answers Spark's default parallelism, not the scheduler's slots). The
+  py4j round trips per MERGE are counted, and the time spent waiting on lookups by name
+  (reflection commands) and on answers over 8 KB summed: those figures, exact, are what py4j
+  memos and TCP_NODELAY save; the wall times of a 2-core machine shared with other work vary
+  more than that. (Two py4j memos, a patched ``JVMView`` and method-remembering class proxies,
+  were measured with this part at commit 4e7846f and removed: bench/private_apis.md.)
 * ``slots``: a 10k-row upsert into 1M rows, its joins and writes sized by the scheduler's task
   slots (``slots.task_slots``, a ``private[spark]`` method) or by Spark's default parallelism.
 * ``dvmerge``: a 5k-row upsert (4k updates) into a 50k-row table with deletion vectors, whose
@@ -135,42 +134,6 @@ def _no_delay_toggle(spark: Any) -> tuple[Callable[[], None], Callable[[], None]
     return (lambda: socket.setTcpNoDelay(False)), (lambda: socket.setTcpNoDelay(True))
 
 
-def _view_toggle(spark: Any) -> tuple[Callable[[], None], Callable[[], None]]:
-    from streaming_merge.spark import jvm
-
-    jvm.remember_pyspark_lookups(spark)
-    view = vars(spark.sparkContext._jvm)
-    kept = {name: view[name] for name in jvm._PYSPARK_LOOKUPS if name in view}
-
-    def off() -> None:  # the mark stays: remember_pyspark_lookups leaves the view alone
-        for name in kept:
-            view.pop(name, None)
-
-    return off, (lambda: view.update(kept))
-
-
-def _method_memo_toggle() -> tuple[Callable[[], None], Callable[[], None]]:
-    from py4j.java_gateway import JavaClass, JavaMember
-
-    from streaming_merge.spark import jvm
-
-    def forget() -> None:
-        for proxy in jvm._classes._values.values():
-            for name in [n for n, v in vars(proxy).items() if isinstance(v, JavaMember)]:
-                del vars(proxy)[name]
-
-    remembering = jvm._RememberingClass.__dict__["__getattr__"]
-
-    def off() -> None:
-        forget()
-        jvm._RememberingClass.__getattr__ = JavaClass.__getattr__  # type: ignore[method-assign]
-
-    def on() -> None:
-        jvm._RememberingClass.__getattr__ = remembering  # type: ignore[method-assign]
-
-    return off, on
-
-
 def _slots_toggle(spark: Any) -> tuple[Callable[[], None], Callable[[], None]]:
     from streaming_merge.spark import slots
 
@@ -216,20 +179,7 @@ def part_merge(spark: Any, workdir: Path, rounds: int) -> None:
 
     for _ in range(4):  # the JIT's warm-up, untimed
         merge()
-    view_off, view_on = _view_toggle(spark)
-    memo_off, memo_on = _method_memo_toggle()
-
-    def neither_off() -> None:
-        view_off()
-        memo_off()
-
-    def neither_on() -> None:
-        memo_on()
-        view_on()
-
-    toggles = {"no TCP_NODELAY": _no_delay_toggle(spark), "no view patch": (view_off, view_on),
-               "no method memo": (memo_off, memo_on), "neither memo": (neither_off, neither_on),
-               "default parallelism": _slots_toggle(spark)}
+    toggles = {"no TCP_NODELAY": _no_delay_toggle(spark), "default parallelism": _slots_toggle(spark)}
     names = ["all on", *toggles]
 
     def variant(name: str) -> Callable[[], None]:

@@ -25,7 +25,7 @@ from typing import Any
 
 from pyspark.sql import SparkSession
 
-from streaming_merge.spark.jvm import jvm_class, remember_pyspark_lookups
+from streaming_merge.spark.jvm import jvm_class
 from streaming_merge.spark.per_context import PerContext
 
 _MARK = "_streaming_merge_no_delay"
@@ -33,10 +33,8 @@ _connections: PerContext[Any] = PerContext(limit=8)
 
 
 def ready_driver_thread(spark: SparkSession) -> None:
-    """What an entry point (a MERGE, a sink batch) does first on the thread it runs on: PySpark's
-    class lookups answered from Python (``jvm.remember_pyspark_lookups``) and the JVM's py4j
-    answers sent at once. Cheap to repeat."""
-    remember_pyspark_lookups(spark)
+    """What an entry point (a MERGE, a sink batch) does first on the thread it runs on: the JVM's
+    py4j answers sent at once. Cheap to repeat."""
     answer_at_once(spark)
 
 

@@ -140,50 +140,6 @@ def test_resolution_is_reused_across_python_wrappers_of_one_session(
     assert (table[1]["status"], table[2]["status"], table[7000]["status"]) == ("first", "second", "second")
 
 
-def test_a_merge_asks_the_jvm_for_pysparks_class_and_method_names_only_once(
-        spark: SparkSession, orders: str, tmp_path: Path) -> None:
-    """PySpark looks up ``org.apache.spark.sql.functions``, ``PythonUtils`` and the like by name
-    on every Column function and column list, and py4j asks the JVM each time (a bare name is
-    first searched in every jar): after one MERGE the session's JVM view answers them itself,
-    and the next MERGE makes no such lookup, with the same result as before."""
-    import py4j.clientserver
-
-    from streaming_merge.spark.jvm import _RememberingClass
-
-    def upsert(source: DataFrame) -> Any:
-        return (DeltaTable.forPath(spark, orders).alias("t").merge(source.alias("s"), "t.id = s.id")
-                .whenMatchedUpdateAll().whenNotMatchedInsertAll().execute())
-
-    upsert(parquet_source(spark, tmp_path / "a", [(1, 1, "first")]))
-    upsert(parquet_source(spark, tmp_path / "b", [(3, 1, "first")]))
-    source = parquet_source(spark, tmp_path / "c", [(2, 2, "second"), (7000, 3, "second")])
-    lookups: list[str] = []
-    send = py4j.clientserver.ClientServerConnection.send_command
-
-    def recording(connection: Any, command: str) -> Any:
-        # py4j's "what is this name" commands: a class by name (u), a class's member (m)
-        if command.startswith(("r\nu\n", "r\nm\n")):
-            lookups.append(command.split("\n")[2])
-        return send(connection, command)
-
-    py4j.clientserver.ClientServerConnection.send_command = recording  # type: ignore[method-assign]
-    try:
-        metrics = upsert(source)
-    finally:
-        py4j.clientserver.ClientServerConnection.send_command = send  # type: ignore[method-assign]
-    remembered = {"org.apache.spark.sql.functions", "functions", "PythonUtils", "org.apache.spark.sql.Observation",
-                  "org.apache.spark.sql.api.python.PythonSQLUtils", "org.apache.spark.sql.classic.SparkSession",
-                  "org.apache.spark.api.python.PythonUtils"}
-    assert not remembered & set(lookups), f"looked up again: {sorted(remembered & set(lookups))}"
-    assert (metrics["numTargetRowsUpdated"], metrics["numTargetRowsInserted"]) == (1, 1)
-    table = by_id(orders)
-    assert [table[i]["status"] for i in (1, 2, 3, 7000)] == ["first", "second", "first", "second"]
-    # Methods are kept; a static field is read from the JVM on every access, as py4j does.
-    integer = _RememberingClass("java.lang.Integer", spark.sparkContext._gateway._gateway_client)
-    assert integer.parseInt("42") == 42 and "parseInt" in vars(integer)
-    assert integer.MAX_VALUE == 2**31 - 1 and "MAX_VALUE" not in vars(integer)
-
-
 def test_insert_only_merge_runs_at_most_three_jobs(spark: SparkSession, orders: str, tmp_path: Path) -> None:
     source = parquet_source(spark, tmp_path / "src", [(7, 1, "dup"), (5000, 2, "new")])
 
