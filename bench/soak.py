@@ -794,17 +794,18 @@ def print_report(result: dict[str, Any]) -> None:
               f"{e.get('jobRestages')}; executors after: {e.get('executorsAfterBatch')})")
     print(f"restarts: mean {f['meanSecondsToResume']}s to the first batch, {f['meanSecondsToFirstMerge']}s to "
           f"the first merge; {f['replaysSkippedByTxn']} replays skipped by the Delta txn")
-    print(f"faults on {result['config']['broker']}: fired {f['faultsFired']} of planned {f['faultsPlanned']}")
-    for fault in result["faults"]["fired"]:
-        print(f"  {fault['kind']:<15} life {fault['life']:2d} batch {fault['batchWhenFired']!s:>3} "
-              f"(planned >= {fault['batch']:3d}): {fault_detail(fault, result['faults']['writerOutcomes'])}")
-    print(f"  broker outages (s): {f['brokerDownSeconds']}; disk full (s): {f['diskFullSeconds']}; "
-          f"lives that failed under a fault and were restarted: {f['livesThatFailedUnderAFault']}")
-    print(f"  Delta Lake writer: {f['deltaWriterCommits']} commits, {f['deltaWriterConflicts']} conflicts it reran; "
-          f"its {f['deltaWriterRowsExpected']} rows expected in the table; the sink's conflict retries: "
-          f"{f['sinkConflictRetries']}; sink reruns / job re-stagings: {f['sinkRerunsAndRestages']}")
-    for problem in f["faultProblems"]:
-        print(f"  FAULT PROBLEM: {problem}")
+    if any(f["faultsPlanned"].values()):  # a run without --faults prints what it always printed
+        print(f"faults on {result['config']['broker']}: fired {f['faultsFired']} of planned {f['faultsPlanned']}")
+        for fault in result["faults"]["fired"]:
+            print(f"  {fault['kind']:<15} life {fault['life']:2d} batch {fault['batchWhenFired']!s:>3} "
+                  f"(planned >= {fault['batch']:3d}): {fault_detail(fault, result['faults']['writerOutcomes'])}")
+        print(f"  broker outages (s): {f['brokerDownSeconds']}; disk full (s): {f['diskFullSeconds']}; "
+              f"lives that failed under a fault and were restarted: {f['livesThatFailedUnderAFault']}")
+        print(f"  Delta Lake writer: {f['deltaWriterCommits']} commits, {f['deltaWriterConflicts']} conflicts it "
+              f"reran; its {f['deltaWriterRowsExpected']} rows expected in the table; the sink's conflict retries: "
+              f"{f['sinkConflictRetries']}; sink reruns / job re-stagings: {f['sinkRerunsAndRestages']}")
+        for problem in f["faultProblems"]:
+            print(f"  FAULT PROBLEM: {problem}")
     print(f"total wall time: {f['wallSeconds']:.0f}s ({f['wallSeconds'] / 60:.1f} min); "
           f"{f['eventsPerSecond']} change events/s")
     print(f"final rows: {f['finalRows']} (expected {f['expectedRows']})")
