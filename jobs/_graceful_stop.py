@@ -22,6 +22,7 @@ from contextlib import contextmanager
 from types import FrameType
 from typing import Any
 
+from pyspark.errors import StreamingQueryException
 from pyspark.sql.streaming import StreamingQuery
 
 from streaming_merge.errors import StreamingMergeError
@@ -86,6 +87,16 @@ class GracefulStop:
             with self._state:
                 self._running -= 1
                 self._state.notify_all()
+
+    def await_query(self, query: StreamingQuery) -> None:
+        """Wait for the query to end: by itself, stopped, or failed (raised) unless the failure
+        is the stop's own (a batch abandoned or refused)."""
+        try:
+            query.awaitTermination()
+        except StreamingQueryException as error:
+            if not self.ended_by_stop(error):
+                raise
+            log.info("Stopped: the batch that was running when the stop came was abandoned before its commit")
 
     def ended_by_stop(self, error: BaseException) -> bool:
         """Whether the query's failure ``error`` is the stop's doing: a batch abandoned or refused,

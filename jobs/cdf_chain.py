@@ -29,7 +29,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from pyspark.errors import StreamingQueryException
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.streaming import StreamingQuery
@@ -207,12 +206,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not stopping.requested.is_set():
         query = start(spark, config, stopping=stopping)
         stopping.attach(query)
-        try:
-            query.awaitTermination()
-        except StreamingQueryException as error:
-            if not stopping.ended_by_stop(error):
-                raise
-            log.info("Stopped: the batch that was running when the stop came was abandoned before its commit")
+        stopping.await_query(query)
     stop_session(spark)
     return 0
 

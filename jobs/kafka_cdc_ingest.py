@@ -27,7 +27,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from pyspark.errors import StreamingQueryException
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming import StreamingQuery
 from pyspark.sql.types import StructType
@@ -572,12 +571,7 @@ def run_query(spark: SparkSession, config: IngestConfig | DatabaseConfig, stoppi
         query = start_database(spark, config, on_progress=batch_log.record, stopping=stopping)
     stopping.attach(query)
     mark("query_started", **jvm_state(spark))
-    try:
-        query.awaitTermination()
-    except StreamingQueryException as error:
-        if not stopping.ended_by_stop(error):
-            raise
-        log.info("Stopped: the batch that was running when the stop came was abandoned before its commit")
+    stopping.await_query(query)
     batch_log.drain(query)
     return query
 
