@@ -63,9 +63,11 @@ from pyspark.sql import DataFrame
 
 import jobs.kafka_cdc_ingest as job
 from bench._soak_worker import ARMING_ENV
+from devtools.s3_server import s3a_conf
 from streaming_merge.kafka import debezium
 from streaming_merge.merge.materialize import checkpoint_rdd_id
 from streaming_merge.session import local_session
+from streaming_merge.spark.packages import package_conf
 from streaming_merge.streaming import sink as sink_module
 from streaming_merge.table import commit as commit_module
 
@@ -280,6 +282,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--kill", default=None, help="KIND:BATCH[:ARG], see the module docstring")
     parser.add_argument("--executor-kill", action="append", default=[], help="KIND:BATCH (repeatable)")
     parser.add_argument("--local-dir", default=None, help="spark.local.dir (the soak's small tmpfs)")
+    parser.add_argument("--s3a", action="append", default=[], metavar="BUCKET=ENDPOINT",
+                        help="S3A (hadoop-aws) for BUCKET at ENDPOINT (the soak's fault proxy), repeatable")
     parser.add_argument("--executor-kills-before", type=int, default=None,
                         help="executor kills only in batches below this one (the process kill's batch)")
     args = parser.parse_args(argv)
@@ -320,18 +324,31 @@ def main(argv: list[str] | None = None) -> int:
         extra_conf["spark.python.daemon.module"] = "bench._soak_worker"
     if args.local_dir:
         extra_conf["spark.local.dir"] = args.local_dir
+    if args.s3a:  # the tables on s3a:// (bench/soak.py --storage s3); the sink maps these settings for obstore
+        extra_conf.update(package_conf(("s3a",)))
+        for bucket, endpoint in (given.split("=", 1) for given in args.s3a):
+            extra_conf.update(s3a_conf(bucket, endpoint))
     spark = local_session("soak-kafka-ingest", args.master, shuffle_partitions=2, extra_conf=extra_conf)
     sc = spark.sparkContext
     state.emit("session", appId=sc.applicationId, master=sc.master, sinceStartMs=round(
         (time.monotonic() - state.started) * 1000))
     tables = {os.path.realpath(args.target): "target", os.path.realpath(args.target + "_tombstones"): "tombstones",
               os.path.realpath(args.dead_letter): "dead_letter"}
+    # An S3 store's prefix is the table's key in its bucket: matched by the table's name.
+    names = {path.rstrip("/").rsplit("/", 1)[-1]: name for path, name in
+             ((args.target, "target"), (args.target + "_tombstones", "tombstones"), (args.dead_letter, "dead_letter"))}
+
+    def table_of(store: Any) -> str:
+        prefix = str(getattr(store, "prefix", "") or "")
+        if not args.s3a:
+            return tables.get(os.path.realpath(prefix), "other")
+        return names.get(prefix.rstrip("/").rsplit("/", 1)[-1], "other")
 
     # -- commit writes (streaming_merge.table.commit: the commit file's put-if-absent)
     original_put = commit_module.put_if_absent
 
     def put_commit(store: Any, path: str, data: bytes) -> bool:
-        table = tables.get(os.path.realpath(str(getattr(store, "prefix", ""))), "other")
+        table = table_of(store)
         version = int(path.rsplit("/", 1)[-1].split(".")[0])
         if kill_due("commit_before", table):
             die(state, "commit_before", table=table, readVersion=version - 1)

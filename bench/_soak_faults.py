@@ -13,6 +13,12 @@ and fired from the soak's process while a life runs, wherever that lands.
   their conflicts and lose no commit.
 - ``disk_full``: the job's ``spark.local.dir`` is a small tmpfs; a ballast file fills it for a
   random while (at most until the life ends), so shuffle and block writes fail with ENOSPC.
+- ``s3_error`` / ``s3_throttle`` / ``s3_slow_put`` / ``s3_lost_answer`` (``--storage s3``: the
+  tables on ``s3a://`` in moto, the job reaching it through devtools/s3_faults.py's proxy): the
+  proxy is armed for the next PUT of a commit file (``_delta_log/N.json``) or of a data file
+  (the seeded draw picks which), which then gets 500 InternalError (1-3 times in a row), 503
+  SlowDown (1-3 times), a delay of 1 s + 0-1.5 median batches, or (commit files only) lands
+  while its answer is dropped: the put-if-absent's retry must see that its own commit landed.
 """
 
 from __future__ import annotations
@@ -34,10 +40,15 @@ from pathlib import Path
 from typing import Any
 
 from devtools.kafka_server import ApacheKafka
+from devtools.s3_faults import Fault, FaultProxy
 
-FAULT_KINDS = ("broker_restart", "delta_merge", "delta_optimize", "disk_full")
+S3_FAULT_KINDS = ("s3_error", "s3_throttle", "s3_slow_put", "s3_lost_answer")
+FAULT_KINDS = ("broker_restart", "delta_merge", "delta_optimize", "disk_full", *S3_FAULT_KINDS)
 # Faults that make a life fail without a kill of ours: such a life is restarted, not a failure.
-DISRUPTIVE_KINDS = ("broker_restart", "disk_full")
+DISRUPTIVE_KINDS = ("broker_restart", "disk_full", *S3_FAULT_KINDS)
+# The proxy's request paths (path-style: /bucket/table/...): a commit file, a data file.
+COMMIT_PUT = r"/_delta_log/\d{20}\.json$"
+DATA_PUT = r"\.parquet$"
 WRITER_READY_TIMEOUT_S = 300.0  # a guard: the writer's JVM with Delta's jar, on a loaded machine
 WRITER_FINISH_TIMEOUT_S = 600.0
 BALLAST = "ballast"
@@ -212,12 +223,14 @@ class Faults:
     writer: DeltaWriter | None = None
     disk: LocalDisk | None = None
     target: Path | None = None
+    proxy: FaultProxy | None = None
     pending: list[FaultPlan] = field(default_factory=list)
     armed: list[Armed] = field(default_factory=list)
     records: list[dict[str, Any]] = field(default_factory=list)
     _broker_thread: threading.Thread | None = None
     _disk_until: float | None = None
     _disk_record: dict[str, Any] | None = None
+    _s3_armed: list[tuple[Fault, dict[str, Any]]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self.pending = list(self.plan)
@@ -246,6 +259,8 @@ class Faults:
             return self._broker_thread is None or not self._broker_thread.is_alive()
         if kind == "disk_full":
             return self._disk_until is None
+        if kind in S3_FAULT_KINDS:  # one proxy fault at a time: each one's hit is then its own
+            return not any(fault.times > 0 for fault, _ in self._s3_armed)
         # Delta's commands need the table, which the job's first MERGE creates.
         return self.target is not None and (self.target / "_delta_log").exists()
 
@@ -266,10 +281,46 @@ class Faults:
             record["heldForAtMostS"] = round(hold_s, 2)
             self._disk_until = time.monotonic() + hold_s
             self._disk_record = record
+        elif plan.kind in S3_FAULT_KINDS:
+            self._arm_s3(plan, record)
         else:
             assert self.writer is not None
             record["command"] = self.writer.send(plan.kind.removeprefix("delta_"), plan.index)
         return record
+
+    def _arm_s3(self, plan: FaultPlan, record: dict[str, Any]) -> None:
+        """Arm the proxy for the next PUT of a commit file or (``hold_fraction`` >= 0.5, not for
+        a lost answer) of a data file; it fires when the job makes that request."""
+        assert self.proxy is not None
+        on_data = plan.hold_fraction >= 0.5 and plan.kind != "s3_lost_answer"
+        path = DATA_PUT if on_data else COMMIT_PUT
+        times = 1 + int(plan.delay_fraction * 3) if plan.kind in ("s3_error", "s3_throttle") else 1
+        if plan.kind == "s3_slow_put":
+            fault = Fault("delay", "PUT", path, seconds=round(1.0 + plan.hold_fraction * self.delay_scale_s(), 2))
+        elif plan.kind == "s3_lost_answer":
+            fault = Fault("drop_after_forward", "PUT", path)
+        else:
+            fault = Fault("status", "PUT", path, times=times, status=500 if plan.kind == "s3_error" else 503)
+        record.update({"on": "data file" if on_data else "commit file", "times": fault.times,
+                       "seconds": fault.seconds, "status": fault.status if fault.kind == "status" else None})
+        self.proxy.arm(fault)
+        self._s3_armed.append((fault, record))
+
+    def s3_hits(self) -> None:
+        """Note in each S3 fault's record the requests it acted on (its hits are the proxy's, in order)."""
+        if self.proxy is None:
+            return
+        hits = self.proxy.hits()
+        for fault, record in self._s3_armed:
+            if "disarmedAfter" not in record:
+                record["hitTimes"] = record["times"] - fault.times
+        # The proxy's hits carry no fault id; one fault is armed at a time, so they come in order.
+        position = 0
+        for _, record in self._s3_armed:
+            taken = record["hitTimes"]
+            record["hits"] = [{"path": h.path, "upstreamStatus": h.upstream_status}
+                              for h in hits[position:position + taken]]
+            position += taken
 
     def _restart_broker(self, down_s: float, record: dict[str, Any]) -> None:
         assert self.broker is not None
@@ -299,8 +350,30 @@ class Faults:
             self.disk.clear()
         if self._broker_thread is not None:
             self._broker_thread.join()
+        self._disarm_s3()
         self.pending = sorted([*self.pending, *(a.plan for a in self.armed)], key=lambda p: p.index)
         self.armed = []
 
+    def _disarm_s3(self) -> None:
+        """An S3 fault no request of the dead life hit waits for the next life's batches like the
+        others (its record is dropped: it fires again); one hit fewer times than armed is
+        disarmed (the client gave up retrying, the rest would hit another life)."""
+        for fault, record in list(self._s3_armed):
+            if fault.times <= 0:
+                continue
+            hit = record["times"] - fault.times
+            fault.times = 0  # the proxy skips it from now on
+            if hit == 0:
+                record["rearmedInALaterLife"] = True
+                self._s3_armed.remove((fault, record))
+                self.records.remove(record)
+                self.pending.append(FaultPlan(**{k: record[k] for k in
+                                                 ("index", "kind", "batch", "delay_fraction", "hold_fraction")}))
+            else:
+                record["hitTimes"], record["disarmedAfter"] = hit, hit
+
     def not_delivered(self) -> list[str]:
-        return [f"{p.kind}@{p.batch}" for p in self.pending + [a.plan for a in self.armed]]
+        self.s3_hits()
+        return ([f"{p.kind}@{p.batch}" for p in self.pending + [a.plan for a in self.armed]]
+                + [f"{r['kind']}@{r['batch']} armed, no request hit it"
+                   for _, r in self._s3_armed if r["hitTimes"] == 0])

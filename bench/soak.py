@@ -4,6 +4,7 @@
     python -m bench.soak --master 'local[2]' --executor-kills 0 --kills 10 --events 3000
     python -m bench.soak --json bench/results/soak.json --seed 7
     python -m bench.soak --faults all --master 'local[2]' --executor-kills 0   # + broker, Delta writer, disk
+    python -m bench.soak --storage s3 --faults all --master 'local[2]' --executor-kills 0  # + S3 faults
 
 What it does: starts the embedded Kafka-compatible broker (as jobs/kafka_cdc_demo.py does),
 produces a generated Debezium change stream of the ``orders`` table (jobs/cdc_generator.py:
@@ -37,10 +38,18 @@ delay, in the same run (``--faults all``, or a flag per kind):
   uses, and OPTIMIZE, on the target from another process (bench/_soak_delta_writer.py); the
   expected table is the generator's state plus the writer's rows;
 - ``--disk-fills``: the job's ``spark.local.dir`` is a small tmpfs (``--local-dir-mb``; root
-  only), filled by a ballast file for a random while (at most until the life ends).
+  only), filled by a ballast file for a random while (at most until the life ends);
+- ``--s3-errors`` / ``--s3-throttles`` / ``--s3-slow-puts`` / ``--s3-lost-answers`` (with
+  ``--storage s3``: the target, tombstone and dead-letter tables on ``s3a://`` in moto's S3,
+  devtools/s3_server.py, which the job reaches through devtools/s3_faults.py's proxy; the
+  checkpoint stays local): the next PUT of a commit or data file answered 500 InternalError or
+  503 SlowDown (1-3 times in a row), held for a while, or (commit files) landed with its answer
+  dropped. ``--storage s3`` leaves Delta Lake's writer out: its S3 log store cannot share a
+  table with another process.
 
-A life that fails on its own while the broker is down or the disk full is restarted like a
-killed one; any other life that fails on its own fails the verdict.
+A life that fails on its own while the broker is down, the disk full or an S3 fault armed (and
+its log shows that fault's error) is restarted like a killed one; any other life that fails on
+its own fails the verdict.
 
 What it checks, independently of the job's own reports:
 
@@ -48,7 +57,8 @@ What it checks, independently of the job's own reports:
   Spark's committed batch never go backwards, the restart resumes at the first batch
   Spark had not committed, and its first batch is skipped exactly when the table already
   holds its txn (``txn >= batch``);
-- at the end: the table read with ``deltalake.DeltaTable(path).to_pyarrow_table()`` against
+- at the end: the table read with ``deltalake.DeltaTable(path).to_pyarrow_table()`` (on S3: at
+  moto's own endpoint, the logs with obstore) against
   the state cdc_generator computed: lost (expected keys missing), duplicated (extra rows of a
   key) and wrong (rows that differ, or exist but must not) must all be 0; the dead-letter
   table holds each malformed record exactly once; no (app id, txn version) is committed
@@ -81,11 +91,23 @@ from pathlib import Path
 from typing import Any
 
 import deltalake
+import obstore
+from obstore.store import S3Store
 
 from bench._soak_delta_writer import expected_writer_rows
-from bench._soak_faults import DISRUPTIVE_KINDS, FAULT_KINDS, DeltaWriter, Faults, LocalDisk, make_fault_plan
+from bench._soak_faults import (
+    DISRUPTIVE_KINDS,
+    FAULT_KINDS,
+    S3_FAULT_KINDS,
+    DeltaWriter,
+    Faults,
+    LocalDisk,
+    make_fault_plan,
+)
 from bench.kafka_ingest_bench import produce_keyed_bulk
 from devtools.kafka_server import ApacheKafka
+from devtools.s3_faults import FaultProxy
+from devtools.s3_server import ACCESS_KEY, REGION, SECRET_KEY, MotoS3, storage_options
 from jobs import cdc_generator
 from streaming_merge.kafka.broker import EmbeddedKafka
 from streaming_merge.kafka.broker_client import KafkaBrokerClient
@@ -103,7 +125,10 @@ LIFE_TIMEOUT_S = 900.0  # a guard against a hung life, not a synchronisation
 MAX_FAILED_LIVES = 5  # consecutive lives that die on their own (not by our kill) before giving up
 MAX_FAULT_FAILED_LIVES = 10  # consecutive lives that fail under a broker outage or a full disk
 # --faults all: how many of each fault kind, unless a flag of its own says otherwise.
-ALL_FAULTS = {"broker_restart": 3, "delta_merge": 3, "delta_optimize": 3, "disk_full": 3}
+ALL_FAULTS = {"broker_restart": 3, "delta_merge": 3, "delta_optimize": 3, "disk_full": 3,
+              # --storage s3 only (--faults all on local tables leaves them out)
+              "s3_error": 3, "s3_throttle": 3, "s3_slow_put": 3, "s3_lost_answer": 3}
+BUCKET = "soak"
 # Each life's JVMs live a minute or so: C1 compiles their hot code soon enough and leaves the two
 # cores to the work (a local-cluster life runs three JVMs); as tests/cluster/ does.
 JVM_OPTIONS = "-XX:TieredStopAtLevel=1"
@@ -191,13 +216,6 @@ def log_ids(folder: Path) -> list[int]:
     return sorted(int(p.name) for p in folder.iterdir() if p.name.isdigit())
 
 
-def txn_version(target: Path, app_id: str | None) -> int | None:
-    """The target's txn version for the query, read with delta-rs (None before the first MERGE)."""
-    if app_id is None or not (target / "_delta_log").exists():
-        return None
-    return deltalake.DeltaTable(str(target)).transaction_version(app_id)
-
-
 def group_members(pgid: int) -> list[int]:
     """Live processes of process group ``pgid`` (the job's session: what a kill must take)."""
     members = []
@@ -226,25 +244,76 @@ def wait_group_gone(pgid: int, timeout_s: float = 30.0) -> list[int]:
     return members
 
 
-def committed_txns(table: Path) -> Counter[tuple[str, int]]:
+@dataclass
+class Storage:
+    """Where the soak's Delta tables live: the work folder, or (``--storage s3``) the bucket of
+    moto's S3 server, which the soak reads at moto's own endpoint (the job reaches it through
+    the fault proxy). The checks read tables and logs without Spark: delta-rs and obstore."""
+
+    root: str  # a local folder, or s3a://bucket
+    endpoint: str | None = None  # moto's endpoint (S3 only)
+
+    @property
+    def s3(self) -> bool:
+        return self.root.startswith("s3a://")
+
+    def uri(self, name: str) -> str:
+        return f"{self.root}/{name}"
+
+    def delta(self, uri: str) -> deltalake.DeltaTable:
+        if not self.s3:
+            return deltalake.DeltaTable(uri)
+        assert self.endpoint is not None
+        return deltalake.DeltaTable(uri.replace("s3a://", "s3://", 1), storage_options=storage_options(self.endpoint))
+
+    def _log_store(self, uri: str) -> S3Store:
+        assert self.endpoint is not None
+        bucket, prefix = uri.removeprefix("s3a://").split("/", 1)
+        return S3Store(bucket, prefix=f"{prefix}/_delta_log", endpoint=self.endpoint, access_key_id=ACCESS_KEY,
+                       secret_access_key=SECRET_KEY, region=REGION, virtual_hosted_style_request=False,
+                       client_options={"allow_http": True})
+
+    def commit_versions(self, uri: str) -> list[int]:
+        """Versions of the table's JSON commit files ([] before the table exists)."""
+        if not self.s3:
+            log = Path(uri) / "_delta_log"
+            return sorted(int(p.stem) for p in log.glob("*.json") if p.stem.isdigit()) if log.exists() else []
+        names = [str(meta["path"]) for batch in obstore.list(self._log_store(uri)) for meta in batch]
+        return sorted(int(n[:-5]) for n in names if n.endswith(".json") and n[:-5].isdigit())
+
+    def commit_text(self, uri: str, version: int) -> str:
+        name = f"{version:020d}.json"
+        if not self.s3:
+            return (Path(uri) / "_delta_log" / name).read_text(encoding="utf-8")
+        return bytes(obstore.get(self._log_store(uri), name).bytes()).decode("utf-8")
+
+    def exists(self, uri: str) -> bool:
+        return bool(self.commit_versions(uri))
+
+
+def txn_version(storage: Storage, target: str, app_id: str | None) -> int | None:
+    """The target's txn version for the query, read with delta-rs (None before the first MERGE)."""
+    if app_id is None or not storage.exists(target):
+        return None
+    return storage.delta(target).transaction_version(app_id)
+
+
+def committed_txns(storage: Storage, table: str) -> Counter[tuple[str, int]]:
     """(app id, version) -> number of commits recording that txn, from the table's JSON log.
     Any count above 1 is a batch applied twice."""
     counts: Counter[tuple[str, int]] = Counter()
-    log = table / "_delta_log"
-    if not log.exists():
-        return counts
-    for path in sorted(log.glob("*.json")):
-        for line in path.read_text(encoding="utf-8").splitlines():
+    for version in storage.commit_versions(table):
+        for line in storage.commit_text(table, version).splitlines():
             action = json.loads(line)
             if "txn" in action:
                 counts[(action["txn"]["appId"], int(action["txn"]["version"]))] += 1
     return counts
 
 
-def log_is_complete(table: Path) -> bool:
+def log_is_complete(storage: Storage, table: str) -> bool:
     """True when every commit file 0..latest is present (no log cleanup): then
     :func:`committed_txns` sees every commit."""
-    versions = sorted(int(p.stem) for p in (table / "_delta_log").glob("*.json") if p.stem.isdigit())
+    versions = storage.commit_versions(table)
     return versions == list(range(len(versions)))
 
 
@@ -281,13 +350,16 @@ class Life:
 
 class Soak:
     def __init__(self, args: argparse.Namespace, workdir: Path, bootstrap: str, faults: Faults | None = None,
-                 local_dir: Path | None = None) -> None:
+                 local_dir: Path | None = None, storage: Storage | None = None,
+                 s3a: dict[str, str] | None = None) -> None:
         self.args = args
         self.workdir = workdir
         self.bootstrap = bootstrap
-        self.target = workdir / TABLE
+        self.storage = storage or Storage(str(workdir))
+        self.target = self.storage.uri(TABLE)
         self.checkpoint = workdir / "checkpoint"
-        self.dead_letter = workdir / "dead_letter"
+        self.dead_letter = self.storage.uri("dead_letter")
+        self.s3a = s3a or {}  # bucket -> the endpoint the job reaches it at (the fault proxy)
         self.batch_s: list[float] = []  # batch durations, to scale wall-clock delays
         self.faults = faults
         self.local_dir = local_dir
@@ -295,7 +367,7 @@ class Soak:
     def command(self, events: Path, kill: KillPlan | None, executor_points: list[ExecutorPlan]) -> list[str]:
         command = [sys.executable, "-m", "bench._soak_app", "--bootstrap-servers", self.bootstrap,
                    "--topic", TOPIC, "--target", str(self.target), "--checkpoint", str(self.checkpoint),
-                   "--dead-letter", str(self.dead_letter), "--keys", KEY, "--row-schema", SPEC["schema"],
+                   "--dead-letter", self.dead_letter, "--keys", KEY, "--row-schema", SPEC["schema"],
                    "--max-offsets-per-trigger", str(self.args.max_offsets_per_trigger), "--master", self.args.master,
                    "--events", str(events)]
         if kill is not None and kill.kind != "wall_clock":
@@ -307,6 +379,8 @@ class Soak:
             command += ["--executor-kills-before", str(kill.batch)]
         if self.local_dir is not None:
             command += ["--local-dir", str(self.local_dir)]
+        for bucket, endpoint in self.s3a.items():
+            command += ["--s3a", f"{bucket}={endpoint}"]
         return command
 
     def wall_scale_s(self) -> float:
@@ -416,9 +490,9 @@ class Soak:
 # ------------------------------------------------------------------ the final comparison
 
 
-def compare(target: Path, expected: dict[int, dict[str, Any]]) -> dict[str, Any]:
+def compare(storage: Storage, target: str, expected: dict[int, dict[str, Any]]) -> dict[str, Any]:
     """The table read independently with delta-rs, against the generator's state."""
-    rows = deltalake.DeltaTable(str(target)).to_pyarrow_table().to_pylist()
+    rows = storage.delta(target).to_pyarrow_table().to_pylist()
     actual: dict[int, dict[str, Any]] = {}
     per_key: Counter[int] = Counter()
     for row in rows:
@@ -436,8 +510,8 @@ def compare(target: Path, expected: dict[int, dict[str, Any]]) -> dict[str, Any]
             "wrongSample": {k: {"actual": actual[k], "expected": expected[k]} for k in differing[:5]}}
 
 
-def compare_dead_letter(path: Path, malformed: set[tuple[int, int]]) -> dict[str, Any]:
-    rows = deltalake.DeltaTable(str(path)).to_pyarrow_table().to_pylist() if (path / "_delta_log").exists() else []
+def compare_dead_letter(storage: Storage, path: str, malformed: set[tuple[int, int]]) -> dict[str, Any]:
+    rows = storage.delta(path).to_pyarrow_table().to_pylist() if storage.exists(path) else []
     seen = Counter((r["partition"], r["offset"]) for r in rows)
     return {"rows": len(rows), "expected": len(malformed), "lost": len(malformed - set(seen)),
             "duplicated": sum(n - 1 for n in seen.values() if n > 1), "unexpected": len(set(seen) - malformed)}
@@ -463,6 +537,11 @@ FAULT_FAILURE_MARKS = {
     # kafka-python's and the source's errors (not the word "kafka": every traceback names jobs/kafka_cdc_ingest.py).
     "broker_restart": re.compile(r"kafka\.errors\.|Kafka\w*Error|NoBrokersAvailable|BrokerNotAvailable|"
                                 r"LeaderNotAvailable|NotLeaderFor|Connection refused|KafkaSourceError"),
+    # The proxy's answers as S3A and obstore report them, and the commit whose outcome is unknown.
+    **dict.fromkeys(S3_FAULT_KINDS, re.compile(
+        r"CommitOutcomeUnknownError|SlowDown|InternalError|injected by devtools/s3_faults\.py|AWSServiceIOException|"
+        r"AWSStatus500|AWSS3IOException|Generic S3 error|S3Exception|Connection reset|connection closed|"
+        r"error sending request|IncompleteMessage|timed out|Timeout")),
 }
 
 
@@ -479,8 +558,14 @@ def failed_of_its_fault(life: Life, log_path: Path) -> bool:
 def fault_counts(args: argparse.Namespace) -> dict[str, int]:
     """How many of each fault kind: its own flag, else --faults all's number, else none."""
     flags = {"broker_restart": args.broker_restarts, "delta_merge": args.delta_merges,
-             "delta_optimize": args.delta_optimizes, "disk_full": args.disk_fills}
-    base = ALL_FAULTS if args.faults == "all" else dict.fromkeys(FAULT_KINDS, 0)
+             "delta_optimize": args.delta_optimizes, "disk_full": args.disk_fills,
+             "s3_error": args.s3_errors, "s3_throttle": args.s3_throttles, "s3_slow_put": args.s3_slow_puts,
+             "s3_lost_answer": args.s3_lost_answers}
+    base = dict(ALL_FAULTS) if args.faults == "all" else dict.fromkeys(FAULT_KINDS, 0)
+    if args.storage != "s3":
+        base.update(dict.fromkeys(S3_FAULT_KINDS, 0))
+    else:  # Delta Lake's own writer cannot share an S3 table with another process (see main)
+        base.update(delta_merge=0, delta_optimize=0)
     return {kind: flags[kind] if flags[kind] is not None else base[kind] for kind in FAULT_KINDS}
 
 
@@ -520,7 +605,16 @@ def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
         print("Executor kill plan: " + (", ".join(f"{p.kind}@{p.batch}" for p in executor_plan) or "none"),
               flush=True)
         print("Fault plan: " + (", ".join(f"{f.kind}@{f.batch}" for f in fault_plan) or "none"), flush=True)
-        disk = writer = None
+        disk = writer = proxy = None
+        storage, s3a = Storage(str(workdir)), {}
+        if args.storage == "s3":
+            # moto's S3, with the fault proxy in front of it for the job; the soak's checks read moto itself.
+            moto = stack.enter_context(MotoS3())
+            moto.create_bucket(BUCKET)
+            proxy = stack.enter_context(FaultProxy(moto.endpoint))
+            storage, s3a = Storage(f"s3a://{BUCKET}", moto.endpoint), {BUCKET: proxy.endpoint}
+            print(f"Tables on s3a://{BUCKET} (moto {moto.endpoint}, the job through the fault proxy "
+                  f"{proxy.endpoint})", flush=True)
         if counts["disk_full"]:
             disk = LocalDisk(workdir / "local_dir", args.local_dir_mb).mount()
             stack.callback(disk.unmount)
@@ -528,9 +622,10 @@ def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
         if counts["delta_merge"] or counts["delta_optimize"]:
             writer = DeltaWriter(workdir, target).start()
             stack.callback(writer.kill)
-        soak = Soak(args, workdir, broker.bootstrap_servers, local_dir=disk.path if disk else None)
+        soak = Soak(args, workdir, broker.bootstrap_servers, local_dir=disk.path if disk else None,
+                    storage=storage, s3a=s3a)
         faults = (Faults(fault_plan, soak.wall_scale_s, broker=broker if isinstance(broker, ApacheKafka) else None,
-                         writer=writer, disk=disk, target=target) if fault_plan else None)
+                         writer=writer, disk=disk, target=target, proxy=proxy) if fault_plan else None)
         soak.faults = faults
         pending = list(plan)
         failed_in_a_row = failed_under_fault_in_a_row = 0
@@ -543,7 +638,7 @@ def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
             life = soak.live(len(lives), kill, todo)
             lives.append(life)
             app_id = query_id(soak.checkpoint)
-            life.txn_after = txn_version(soak.target, app_id)
+            life.txn_after = txn_version(storage, soak.target, app_id)
             commits = log_ids(soak.checkpoint / "commits")
             offsets = log_ids(soak.checkpoint / "offsets")
             life.spark_commit_after = commits[-1] if commits else None
@@ -595,14 +690,12 @@ def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
             writer_outcomes = writer.finish()
         writer_merges = sorted(int(o["index"]) for o in writer_outcomes if o["kind"] == "merge" and o.get("applied"))
         app_id = query_id(soak.checkpoint)
-        table = compare(soak.target, {**expected, **expected_writer_rows(writer_merges)})
-        dead = compare_dead_letter(soak.dead_letter, malformed)
-        txns = {name: committed_txns(path) for name, path in
-                (("target", soak.target), ("tombstones", Path(f"{soak.target}_tombstones")),
-                 ("dead_letter", soak.dead_letter))}
-        complete = {name: log_is_complete(path) for name, path in
-                    (("target", soak.target), ("tombstones", Path(f"{soak.target}_tombstones")),
-                     ("dead_letter", soak.dead_letter)) if (path / "_delta_log").exists()}
+        table = compare(storage, soak.target, {**expected, **expected_writer_rows(writer_merges)})
+        dead = compare_dead_letter(storage, soak.dead_letter, malformed)
+        tables = (("target", soak.target), ("tombstones", f"{soak.target}_tombstones"),
+                  ("dead_letter", soak.dead_letter))
+        txns = {name: committed_txns(storage, path) for name, path in tables}
+        complete = {name: log_is_complete(storage, path) for name, path in tables if storage.exists(path)}
         twice = {name: sorted(f"{a}@{v}" for (a, v), n in per_txn.items() if n > 1) for name, per_txn in txns.items()}
         offsets_done = final_offsets(soak.checkpoint)
         fault_report = {
@@ -610,7 +703,9 @@ def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
             "fired": faults.records if faults else [], "notDelivered": faults.not_delivered() if faults else [],
             "writerCommands": writer.sent if writer else 0, "writerOutcomes": writer_outcomes,
             "writerMergesApplied": len(writer_merges), "writerRowsExpected": len(expected_writer_rows(writer_merges)),
-            "localDirMb": args.local_dir_mb if disk else None, "broker": args.broker}
+            "localDirMb": args.local_dir_mb if disk else None, "broker": args.broker, "storage": args.storage,
+            "s3Hits": [{"kind": h.kind, "method": h.method, "path": h.path, "upstreamStatus": h.upstream_status}
+                       for h in proxy.hits()] if proxy else []}
     elapsed = time.monotonic() - started
     return summarize(args, keys, records, malformed, plan, executor_plan, lives, table, dead, twice, complete,
                      offsets_done, ends, app_id, elapsed, fault_report)
@@ -710,7 +805,7 @@ def summarize(args: argparse.Namespace, keys: int, records: list[cdc_generator.R
         "config": {"events": args.events, "keys": keys, "partitions": args.partitions, "seed": args.seed,
                    "maxOffsetsPerTrigger": args.max_offsets_per_trigger, "master": args.master,
                    "kills": args.kills, "executorKills": args.executor_kills, "broker": args.broker,
-                   "faults": faults["planned"], "localDirMb": faults["localDirMb"]},
+                   "faults": faults["planned"], "localDirMb": faults["localDirMb"], "storage": args.storage},
         "figures": {
             "changeEvents": args.events, "kafkaRecords": len(records), "malformedRecords": len(malformed),
             "batches": batches, "lives": len(lives), "kills": len(killed), "killsPlanned": len(plan),
@@ -726,6 +821,9 @@ def summarize(args: argparse.Namespace, keys: int, records: list[cdc_generator.R
             "brokerDownSeconds": [round(f["downForS"] + f.get("restartS", 0), 1) for f in faults["fired"]
                                   if f["kind"] == "broker_restart"],
             "diskFullSeconds": [f.get("releasedAfterS") for f in faults["fired"] if f["kind"] == "disk_full"],
+            "s3FaultHits": dict(Counter(f["kind"] for f in faults["fired"] for _ in range(f.get("hitTimes", 0))
+                                        if f["kind"] in S3_FAULT_KINDS)),
+            "s3RequestsHit": len(faults.get("s3Hits", [])),
             "deltaWriterCommits": sum(1 for o in faults["writerOutcomes"] if o.get("applied")),
             "deltaWriterConflicts": sum(len(o.get("conflicts", [])) for o in faults["writerOutcomes"]),
             "deltaWriterRowsExpected": faults["writerRowsExpected"],
@@ -757,6 +855,15 @@ def summarize(args: argparse.Namespace, keys: int, records: list[cdc_generator.R
 
 def fault_detail(fault: dict[str, Any], writer_outcomes: list[dict[str, Any]]) -> str:
     """One fired fault in words."""
+    if fault["kind"] in S3_FAULT_KINDS:
+        what = {"s3_error": f"{fault.get('status')} InternalError x{fault.get('times')}",
+                "s3_throttle": f"{fault.get('status')} SlowDown x{fault.get('times')}",
+                "s3_slow_put": f"held {fault.get('seconds')}s",
+                "s3_lost_answer": "landed, answer dropped"}[fault["kind"]]
+        hits = [f"{h['path'].removeprefix('/' + BUCKET + '/')}"
+                + (f" (server said {h['upstreamStatus']})" if h.get("upstreamStatus") else "")
+                for h in fault.get("hits", [])]
+        return f"next PUT of a {fault.get('on')}: {what}; hit {fault.get('hitTimes')}x: {', '.join(hits) or '-'}"
     if fault["kind"] == "broker_restart":
         return (f"broker SIGKILLed, down {fault['downForS']}s, restarted in {fault.get('restartS')}s"
                 + (f" ERROR {fault['restartError']}" if "restartError" in fault else ""))
@@ -799,6 +906,9 @@ def print_report(result: dict[str, Any]) -> None:
         for fault in result["faults"]["fired"]:
             print(f"  {fault['kind']:<15} life {fault['life']:2d} batch {fault['batchWhenFired']!s:>3} "
                   f"(planned >= {fault['batch']:3d}): {fault_detail(fault, result['faults']['writerOutcomes'])}")
+        if result["config"]["storage"] == "s3":
+            print(f"  S3 (moto behind the fault proxy): requests the faults acted on {f['s3RequestsHit']}, "
+                  f"by kind {f['s3FaultHits']}")
         print(f"  broker outages (s): {f['brokerDownSeconds']}; disk full (s): {f['diskFullSeconds']}; "
               f"lives that failed under a fault and were restarted: {f['livesThatFailedUnderAFault']}")
         print(f"  Delta Lake writer: {f['deltaWriterCommits']} commits, {f['deltaWriterConflicts']} conflicts it "
@@ -857,6 +967,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--disk-fills", type=int, default=None,
                         help="times the job's spark.local.dir (a tmpfs, needs root) is filled up")
     parser.add_argument("--local-dir-mb", type=int, default=256, help="size of that tmpfs")
+    parser.add_argument("--storage", choices=("local", "s3"), default="local",
+                        help="'s3': the target, tombstone and dead-letter tables on s3a:// in moto's S3 "
+                        "(devtools/s3_server.py), the job reaching it through the fault proxy (devtools/s3_faults.py); "
+                        "--faults all then adds the S3 faults and leaves out Delta Lake's writer")
+    parser.add_argument("--s3-errors", type=int, default=None, help="PUTs answered 500 InternalError (1-3 in a row)")
+    parser.add_argument("--s3-throttles", type=int, default=None, help="PUTs answered 503 SlowDown (1-3 in a row)")
+    parser.add_argument("--s3-slow-puts", type=int, default=None, help="PUTs held 1 s + 0-1.5 median batches")
+    parser.add_argument("--s3-lost-answers", type=int, default=None,
+                        help="commit PUTs that land while their answer is dropped (the client sees a reset)")
     parser.add_argument("--life-timeout", type=float, default=LIFE_TIMEOUT_S,
                         help="seconds after which a life is deemed hung and killed (a guard)")
     parser.add_argument("--json", default=None, help="write the figures, kills and lives here as JSON")
@@ -864,6 +983,14 @@ def main(argv: list[str] | None = None) -> int:
                         "(default: a temporary folder, removed after a PASS)")
     parser.add_argument("--keep", action="store_true", help="keep the temporary folder after a PASS too")
     args = parser.parse_args(argv)
+    s3_flags = (args.s3_errors, args.s3_throttles, args.s3_slow_puts, args.s3_lost_answers)
+    if args.storage != "s3" and any(flag for flag in s3_flags):
+        parser.error("the S3 faults need --storage s3")
+    if args.storage == "s3" and (args.delta_merges or args.delta_optimizes):
+        # Delta Lake's LogStore for s3a (S3SingleDriverLogStore) checks then writes: safe only when
+        # every writer of the table is in one driver, which the soak's two processes are not.
+        parser.error("--delta-merges / --delta-optimizes need --storage local: Delta Lake's S3 log store "
+                     "(S3SingleDriverLogStore) has no put-if-absent across processes")
     counts = fault_counts(args)
     if args.broker is None:
         args.broker = "apache" if counts["broker_restart"] else "tansu"
